@@ -1,0 +1,46 @@
+"""Money and HU arithmetic: pure functions over integers and Decimals, no Django.
+
+Ledger amounts are integers in nano-units of the currency (10^-9 €, as in Google's Money type): a small
+training job costs far less than a cent, and rounding it to cents would make the work free.
+"""
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+
+from jobs.hu import FLOPS_PER_HU, flops_to_hu  # noqa: F401  (re-exported: money and HU go together)
+
+NANOS_PER_UNIT = 10**9
+CURRENCY_SYMBOLS = {"EUR": "€", "USD": "$", "GBP": "£"}
+
+
+def price_for_flops(flops: int, price_per_hu: Decimal, *, round_up: bool) -> int:
+    """The price of `flops` of training in nanos. Quotes round up and unit charges round down, so the
+    charges of a job's units can never add up to more than its quote."""
+    if flops < 0:
+        raise ValueError("flops must not be negative")
+    exact = Decimal(flops) * price_per_hu * NANOS_PER_UNIT / FLOPS_PER_HU
+    return int(exact.to_integral_value(rounding=ROUND_CEILING if round_up else ROUND_FLOOR))
+
+
+def split_charge(amount: int, contributor_share: Decimal) -> tuple[int, int]:
+    """(contributor, platform) parts of a charge. The platform's fee rounds down: rounding favours the
+    person who did the work."""
+    if amount < 0:
+        raise ValueError("amount must not be negative")
+    fee = int((Decimal(amount) * (1 - contributor_share)).to_integral_value(rounding=ROUND_FLOOR))
+    return amount - fee, fee
+
+
+def to_nanos(amount: Decimal | str | int) -> int:
+    value = Decimal(str(amount)) * NANOS_PER_UNIT
+    if value != value.to_integral_value():
+        raise ValueError(f"{amount} has more precision than a nano-unit")
+    return int(value)
+
+
+def format_money(nanos: int, currency: str = "EUR") -> str:
+    """The one way money is shown: up to 9 decimals, trailing zeros trimmed to at least 2."""
+    sign = "-" if nanos < 0 else ""
+    whole, frac = divmod(abs(nanos), NANOS_PER_UNIT)
+    digits = f"{frac:09d}".rstrip("0").ljust(2, "0")
+    return f"{sign}{CURRENCY_SYMBOLS.get(currency, currency + ' ')}{whole:,}.{digits}"

@@ -1,0 +1,16 @@
+"""billing/ listens to jobs/: a started job places its hold, an ended job releases what is left."""
+from django.dispatch import receiver
+
+from jobs.signals import job_ended, job_started
+
+from . import services
+
+
+@receiver(job_started, dispatch_uid="billing.hold_on_start")
+def _hold_on_start(sender, job, **kwargs) -> None:
+    services.hold_place(job=job)
+
+
+@receiver(job_ended, dispatch_uid="billing.release_on_end")
+def _release_on_end(sender, job, **kwargs) -> None:
+    services.hold_release(job=job)

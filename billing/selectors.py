@@ -1,0 +1,43 @@
+"""Reads on the ledger. Balances are always derived from entries."""
+from __future__ import annotations
+
+from django.db.models import QuerySet, Sum
+
+from .models import Account, Entry, Transaction
+
+
+def account_balance(*, account: Account) -> int:
+    return Entry.objects.filter(account=account).aggregate(s=Sum("amount"))["s"] or 0
+
+
+def balances_for(*, user) -> dict[str, int]:
+    rows = Entry.objects.filter(account__owner=user).values("account__kind").annotate(s=Sum("amount"))
+    return {row["account__kind"]: row["s"] for row in rows}
+
+
+def job_hold_remaining(*, job) -> int:
+    return Entry.objects.filter(
+        account__kind=Account.Kind.CUSTOMER_HELD, account__owner_id=job.owner_id, transaction__job=job,
+    ).aggregate(s=Sum("amount"))["s"] or 0
+
+
+def job_money(*, job) -> dict[str, int]:
+    """What the job was quoted (held), charged so far, released back, and still holds, from the entries on
+    the customer's held account that carry this job."""
+    rows = (Entry.objects.filter(transaction__job=job, account__kind=Account.Kind.CUSTOMER_HELD)
+            .values("transaction__kind").annotate(s=Sum("amount")))
+    by_kind = {row["transaction__kind"]: row["s"] for row in rows}
+    flops = Transaction.objects.filter(job=job, kind=Transaction.Kind.CHARGE).aggregate(f=Sum("flops"))["f"]
+    return {"quoted": by_kind.get("hold", 0), "charged": -by_kind.get("charge", 0),
+            "released": -by_kind.get("release", 0), "held": sum(by_kind.values()), "flops_charged": flops or 0}
+
+
+def statement_for(*, user) -> QuerySet[Entry]:
+    return (Entry.objects.filter(account__owner=user)
+            .select_related("transaction", "account", "transaction__unit__round")
+            .order_by("-id"))
+
+
+def ledger_total() -> int:
+    """The sum of every entry ever posted: zero, always."""
+    return Entry.objects.aggregate(s=Sum("amount"))["s"] or 0

@@ -1,0 +1,139 @@
+"""The worker API (docs/worker-protocol.md): thin views over contributors.services."""
+import json
+
+from django.conf import settings
+from django.http import FileResponse
+from rest_framework import serializers
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.permissions import IsContributor, IsCustomer
+from jobs import selectors as job_selectors
+from jobs import storage
+from muninn.errors import InvalidInput, TooLarge
+
+from . import selectors, services
+from .authentication import DeviceTokenAuthentication, HasDevice
+
+
+class GpuSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    memory_bytes = serializers.IntegerField(min_value=0)
+
+
+class CapabilitiesSerializer(serializers.Serializer):
+    cpu_cores = serializers.IntegerField(min_value=1, max_value=4096)
+    ram_bytes = serializers.IntegerField(min_value=0)
+    backends = serializers.ListField(child=serializers.ChoiceField(choices=["cpu", "cuda", "mps"]), min_length=1)
+    gpus = serializers.ListField(child=GpuSerializer(), required=False, default=list, max_length=64)
+    torch_version = serializers.CharField(max_length=64)
+    samples_per_s = serializers.FloatField(min_value=0, required=False, default=0.0)
+    flops_per_s = serializers.FloatField(min_value=0, required=False, default=0.0)
+
+
+class DeviceRegisterSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    capabilities = CapabilitiesSerializer()
+
+
+class DeviceRegisterView(APIView):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsContributor]
+
+    def post(self, request):
+        data = DeviceRegisterSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        device, token = services.device_register(owner=request.user, **data.validated_data)
+        return Response({"device_id": device.pk, "device_token": token, "name": device.name}, status=201)
+
+
+class DeviceView(APIView):
+    authentication_classes = [DeviceTokenAuthentication]
+    permission_classes = [HasDevice]
+
+
+def unit_payload(claim: services.Claim) -> dict:
+    unit, job = claim.unit, claim.unit.round.job
+    hp = job.hparams
+    return {
+        "id": unit.pk, "job": job.pk, "round": unit.round.number,
+        "lease_expires_at": unit.lease_expires_at.isoformat().replace("+00:00", "Z"),
+        "template": job.template, "model_config": job.model_config,
+        "train": {"epochs": hp["epochs"], "batch_size": hp["batch_size"], "lr": hp["lr"],
+                  "momentum": hp["momentum"], "seed": unit.seed},
+        "weights_sha256": unit.round.weights_sha256, "shard_sha256": unit.shard_sha256, "samples": unit.samples,
+    }
+
+
+class ClaimView(DeviceView):
+    def post(self, request):
+        claim = services.unit_claim(device=request.auth)
+        if claim is None:
+            return Response(status=204)
+        return Response({"unit": unit_payload(claim)})
+
+
+class UnitWeightsView(DeviceView):
+    def get(self, request, unit_id: int):
+        unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
+        return FileResponse(storage.blob_open(unit.round.weights_sha256), content_type="application/octet-stream")
+
+
+class UnitShardView(DeviceView):
+    def get(self, request, unit_id: int):
+        unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
+        return FileResponse(storage.blob_open(unit.shard_sha256), content_type="application/octet-stream")
+
+
+class HeartbeatView(DeviceView):
+    def post(self, request, unit_id: int):
+        expires = services.unit_heartbeat(device=request.auth, unit_id=unit_id)
+        return Response({"lease_expires_at": expires.isoformat().replace("+00:00", "Z")})
+
+
+class ReceiptSerializer(serializers.Serializer):
+    unit = serializers.IntegerField()
+    weights_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+    shard_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+    output_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
+    samples = serializers.IntegerField(min_value=1)
+    steps = serializers.IntegerField(min_value=0)
+    loss_before = serializers.FloatField()
+    loss_after = serializers.FloatField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+    train_seconds = serializers.FloatField(min_value=0)
+
+
+class ResultView(DeviceView):
+    parser_classes = [MultiPartParser, FormParser]
+
+    def post(self, request, unit_id: int):
+        upload = request.FILES.get("weights")
+        if upload is None:
+            raise InvalidInput("Attach the trained weights as the 'weights' file (safetensors).", code="no_weights")
+        if upload.size > settings.MUNINN_MAX_RESULT_BYTES:
+            raise TooLarge(f"The upload is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_RESULT_BYTES:,}.")
+        try:
+            raw = json.loads(request.data.get("receipt") or "")
+        except (TypeError, ValueError):
+            raise InvalidInput("The 'receipt' field must be a JSON object.", code="bad_receipt") from None
+        receipt = ReceiptSerializer(data=raw if isinstance(raw, dict) else {})
+        if not receipt.is_valid():
+            field, errors = next(iter(receipt.errors.items()))
+            raise InvalidInput(f"receipt.{field}: {errors[0]}", code="bad_receipt", detail=receipt.errors)
+        stored = services.result_submit(device=request.auth, unit_id=unit_id, weights=upload.read(),
+                                        receipt=receipt.validated_data, max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
+        return Response({"unit": unit_id, "status": stored.status, "credited_hu": str(stored.unit.hu)}, status=201)
+
+
+class JobDevicesView(APIView):
+    """For the job's customer: the devices whose work was accepted for the job, with their unit counts."""
+
+    permission_classes = [IsCustomer]
+
+    def get(self, request, job_id: int):
+        job = job_selectors.job_get(owner=request.user, job_id=job_id)
+        return Response({"job": job.pk, "devices": selectors.job_devices(job=job)})

@@ -1,0 +1,66 @@
+"""Contributor devices, the leases they hold, and the receipts they sign for their work."""
+from django.conf import settings
+from django.db import models
+
+
+class Device(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="devices")
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True)  # sha256 of the device token; the token is shown once
+    capabilities = models.JSONField(default=dict)
+    memory_bytes = models.BigIntegerField(default=0)  # the most a unit may need: largest GPU memory, else RAM
+    samples_per_s = models.FloatField(default=0.0)  # moving estimate, from the probe then from real units
+    is_active = models.BooleanField(default=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk}, {self.owner})"
+
+
+class Lease(models.Model):
+    """One lease of a unit to a device. The token matches WorkUnit.lease_token while the lease is current."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="leases")
+    unit = models.ForeignKey("jobs.WorkUnit", on_delete=models.CASCADE, related_name="leases")
+    token = models.UUIDField(unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["device", "unit"], name="lease_device_unit")]
+
+
+class Receipt(models.Model):
+    """What a device says it did for a unit, kept as evidence whether it was accepted or not."""
+
+    class Status(models.TextChoices):
+        ACCEPTED = "accepted", "Accepted"
+        REJECTED = "rejected", "Rejected"
+
+    unit = models.ForeignKey("jobs.WorkUnit", on_delete=models.PROTECT, related_name="receipts")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="receipts")
+    lease = models.ForeignKey(Lease, null=True, on_delete=models.PROTECT, related_name="receipts")
+    status = models.CharField(max_length=16, choices=Status.choices)
+    reason = models.CharField(max_length=500, blank=True)
+    payload = models.JSONField(default=dict)  # the receipt exactly as sent
+    weights_sha256 = models.CharField(max_length=64, blank=True)
+    shard_sha256 = models.CharField(max_length=64, blank=True)
+    output_sha256 = models.CharField(max_length=64, blank=True)
+    samples = models.PositiveIntegerField(default=0)
+    steps = models.PositiveIntegerField(default=0)
+    loss_before = models.FloatField(null=True)
+    loss_after = models.FloatField(null=True)
+    train_seconds = models.FloatField(null=True)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["unit"], condition=models.Q(status="accepted"),
+                                    name="receipt_one_accepted_per_unit"),
+        ]
+
+    def __str__(self) -> str:
+        return f"receipt {self.pk} unit {self.unit_id} ({self.status})"

@@ -1,0 +1,12 @@
+from django.urls import path
+
+from . import api
+
+urlpatterns = [
+    path("devices", api.DeviceRegisterView.as_view(), name="worker-device-register"),
+    path("claim", api.ClaimView.as_view(), name="worker-claim"),
+    path("units/<int:unit_id>/weights", api.UnitWeightsView.as_view(), name="worker-unit-weights"),
+    path("units/<int:unit_id>/shard", api.UnitShardView.as_view(), name="worker-unit-shard"),
+    path("units/<int:unit_id>/heartbeat", api.HeartbeatView.as_view(), name="worker-unit-heartbeat"),
+    path("units/<int:unit_id>/result", api.ResultView.as_view(), name="worker-unit-result"),
+]

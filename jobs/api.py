@@ -1,0 +1,171 @@
+"""The customer API for datasets and jobs: thin views over jobs.services and jobs.selectors."""
+from django.conf import settings
+from django.http import FileResponse
+from rest_framework import serializers
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.permissions import IsCustomer
+from muninn.errors import Conflict, TooLarge
+from muninn_worker import zoo
+
+from . import selectors, services, storage
+from .models import Dataset, Job, Round
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "sha256", "size_bytes", "format", "target", "profile", "created_at"]
+
+
+class DatasetUploadSerializer(serializers.Serializer):
+    file = serializers.FileField(allow_empty_file=True)  # the service says "the file is empty" itself
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    target = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class DatasetListView(APIView):
+    permission_classes = [IsCustomer]
+    parser_classes = [MultiPartParser, FormParser]
+
+    def get(self, request):
+        return Response(DatasetSerializer(selectors.datasets_for(owner=request.user), many=True).data)
+
+    def post(self, request):
+        data = DatasetUploadSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        upload = data.validated_data["file"]
+        if upload.size > settings.MUNINN_MAX_UPLOAD_BYTES:
+            raise TooLarge(f"The file is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
+        dataset = services.dataset_create(owner=request.user, filename=upload.name, data=upload.read(),
+                                          name=data.validated_data["name"], target=data.validated_data["target"])
+        return Response(DatasetSerializer(dataset).data, status=201)
+
+
+class DatasetDetailView(APIView):
+    permission_classes = [IsCustomer]
+
+    def get(self, request, dataset_id: int):
+        return Response(DatasetSerializer(selectors.dataset_get(owner=request.user, dataset_id=dataset_id)).data)
+
+
+class RoundSerializer(serializers.ModelSerializer):
+    units = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Round
+        fields = ["number", "status", "metrics", "opened_at", "closed_at", "units"]
+
+    def get_units(self, rnd: Round) -> dict:
+        counts: dict[str, int] = {}
+        for unit in rnd.units.all():
+            counts[unit.status] = counts.get(unit.status, 0) + 1
+        return counts
+
+
+class JobSerializer(serializers.ModelSerializer):
+    hu_estimated = serializers.DecimalField(max_digits=40, decimal_places=16, read_only=True)
+    rounds_done = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = ["id", "dataset", "template", "hparams", "model_config", "algorithm", "rounds", "rounds_done",
+                  "seed", "status", "flops_estimated", "hu_estimated", "peak_memory_bytes", "n_train", "n_test",
+                  "current_round", "metrics", "error", "created_at", "started_at", "finished_at"]
+
+    def get_rounds_done(self, job: Job) -> int:
+        return job.round_set.filter(status=Round.Status.CLOSED, result_sha256__gt="").count()
+
+
+class JobDetailSerializer(JobSerializer):
+    round_list = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = JobSerializer.Meta.fields + ["round_list"]
+
+    def get_round_list(self, job: Job) -> list:
+        return RoundSerializer(selectors.job_rounds(job=job).prefetch_related("units"), many=True).data
+
+
+class JobCreateSerializer(serializers.Serializer):
+    dataset = serializers.IntegerField()
+    template = serializers.ChoiceField(choices=sorted(zoo.TEMPLATES))
+    hparams = serializers.DictField(required=False, default=dict)
+    rounds = serializers.IntegerField(min_value=1)
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
+    start = serializers.BooleanField(required=False, default=False)
+
+
+class JobListView(APIView):
+    permission_classes = [IsCustomer]
+
+    def get(self, request):
+        return Response(JobSerializer(selectors.jobs_for(owner=request.user), many=True).data)
+
+    def post(self, request):
+        data = JobCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        dataset = selectors.dataset_get(owner=request.user, dataset_id=v["dataset"])
+        job = services.job_create(owner=request.user, dataset=dataset, template=v["template"],
+                                  hparams=v["hparams"], rounds=v["rounds"], seed=v.get("seed"))
+        if v["start"]:
+            job = services.job_start(job_id=job.pk)
+        return Response(JobDetailSerializer(job).data, status=201)
+
+
+class JobDetailView(APIView):
+    permission_classes = [IsCustomer]
+
+    def get(self, request, job_id: int):
+        return Response(JobDetailSerializer(selectors.job_get(owner=request.user, job_id=job_id)).data)
+
+
+class JobStartView(APIView):
+    permission_classes = [IsCustomer]
+
+    def post(self, request, job_id: int):
+        job = selectors.job_get(owner=request.user, job_id=job_id)
+        return Response(JobDetailSerializer(services.job_start(job_id=job.pk)).data)
+
+
+class JobCancelView(APIView):
+    permission_classes = [IsCustomer]
+
+    def post(self, request, job_id: int):
+        job = selectors.job_get(owner=request.user, job_id=job_id)
+        return Response(JobDetailSerializer(services.job_cancel(job_id=job.pk)).data)
+
+
+class JobModelView(APIView):
+    """The trained model: safetensors of the final global weights."""
+
+    permission_classes = [IsCustomer]
+
+    def get(self, request, job_id: int):
+        job = selectors.job_get(owner=request.user, job_id=job_id)
+        if job.status != Job.Status.SUCCEEDED:
+            raise Conflict(f"The model is ready when the job has succeeded; it is {job.status}.", code="not_ready")
+        return FileResponse(storage.blob_open(job.global_weights_sha256), as_attachment=True,
+                            filename=f"muninn-job-{job.pk}-{job.template}.safetensors",
+                            content_type="application/octet-stream")
+
+
+class TemplateListView(APIView):
+    def get(self, request):
+        return Response([
+            {"name": t.name, "title": t.title, "description": t.description, "task": t.task,
+             "hparams": [{"name": h.name, "kind": h.kind, "default": h.default, "minimum": h.minimum,
+                          "maximum": h.maximum, "help": h.help} for h in t.hparams]}
+            for t in zoo.TEMPLATES.values()
+        ])
+
+
+def parse_choice(request) -> dict:
+    """Shared by the estimate view in billing/: the same validation as job creation."""
+    data = JobCreateSerializer(data=request.data)
+    data.is_valid(raise_exception=True)
+    return data.validated_data
+

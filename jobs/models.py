@@ -1,0 +1,164 @@
+"""Datasets, jobs, rounds and work units. Money and devices live in billing/ and contributors/."""
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+
+from .hu import flops_to_hu
+
+
+class Dataset(models.Model):
+    class Format(models.TextChoices):
+        CSV = "csv", "CSV"
+        NPZ = "npz", "NumPy NPZ"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="datasets")
+    name = models.CharField(max_length=200)
+    sha256 = models.CharField(max_length=64, db_index=True)  # content address of the uploaded bytes
+    size_bytes = models.BigIntegerField()
+    format = models.CharField(max_length=8, choices=Format.choices)
+    target = models.CharField(max_length=200, blank=True)
+    profile = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.format}, {self.profile.get('rows', '?')} rows)"
+
+
+class Job(models.Model):
+    class Status(models.TextChoices):
+        CREATED = "created", "Created"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    class Algorithm(models.TextChoices):
+        FEDAVG = "fedavg", "FedAvg"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
+    template = models.CharField(max_length=64)
+    hparams = models.JSONField(default=dict)
+    model_config = models.JSONField(default=dict)
+    algorithm = models.CharField(max_length=16, choices=Algorithm.choices, default=Algorithm.FEDAVG)
+    rounds = models.PositiveIntegerField()
+    seed = models.BigIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED, db_index=True)
+
+    # The estimate: FLOPs are counted once here and reused for every unit, so quote and credit agree.
+    flops_per_sample = models.BigIntegerField()
+    flops_estimated = models.BigIntegerField()
+    peak_memory_bytes = models.BigIntegerField()
+
+    # Data prepared once per job (fixed-seed held-out split), content-addressed blobs.
+    train_sha256 = models.CharField(max_length=64)
+    test_sha256 = models.CharField(max_length=64)
+    n_train = models.PositiveIntegerField()
+    n_test = models.PositiveIntegerField()
+
+    current_round = models.PositiveIntegerField(default=0)
+    global_weights_sha256 = models.CharField(max_length=64)
+    metrics = models.JSONField(default=dict, blank=True)  # final metrics
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.template}, {self.status})"
+
+    @property
+    def hu_estimated(self) -> Decimal:
+        return flops_to_hu(self.flops_estimated)
+
+    @property
+    def is_ended(self) -> bool:
+        return self.status in self.ENDED
+
+
+class Round(models.Model):
+    class Status(models.TextChoices):
+        OPEN = "open", "Open"
+        CLOSED = "closed", "Closed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="round_set")
+    number = models.PositiveIntegerField()
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN, db_index=True)
+    weights_sha256 = models.CharField(max_length=64)  # the global weights every unit starts from
+    result_sha256 = models.CharField(max_length=64, blank=True)  # the aggregated weights
+    deadline_at = models.DateTimeField()
+    metrics = models.JSONField(default=dict, blank=True)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="round_unique_number")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} round {self.number}"
+
+
+class WorkUnit(models.Model):
+    """One shard of one round, leased to one device at a time."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        LEASED = "leased", "Leased"
+        ACCEPTED = "accepted", "Accepted"
+        CANCELLED = "cancelled", "Cancelled"  # the round closed without it
+
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="units")
+    index = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    shard_start = models.PositiveIntegerField()
+    shard_stop = models.PositiveIntegerField()
+    shard_sha256 = models.CharField(max_length=64)
+    seed = models.BigIntegerField()
+    flops = models.BigIntegerField()  # the work this unit is worth: flops_per_sample × samples × epochs
+    min_memory_bytes = models.BigIntegerField(default=0)
+    # The device the shard was sized for (a contributors.Device id, kept as a plain number so that jobs/
+    # stays below contributors/). Until `reserved_until` only that device may lease it; then anyone can.
+    preferred_device_id = models.BigIntegerField(null=True, blank=True)
+    reserved_until = models.DateTimeField(null=True, blank=True)
+
+    # The current lease. A new token per lease, so a result from an expired lease is told apart.
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+
+    result_sha256 = models.CharField(max_length=64, blank=True)
+    result_samples = models.PositiveIntegerField(null=True, blank=True)
+    result_metrics = models.JSONField(default=dict, blank=True)
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["round", "index"]
+        constraints = [models.UniqueConstraint(fields=["round", "index"], name="unit_unique_index")]
+        indexes = [
+            models.Index(fields=["status", "id"], name="unit_status_id"),
+            models.Index(fields=["status", "lease_expires_at"], name="unit_status_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"unit {self.pk} (job {self.round.job_id} round {self.round.number} #{self.index})"
+
+    @property
+    def samples(self) -> int:
+        return self.shard_stop - self.shard_start
+
+    @property
+    def hu(self) -> Decimal:
+        return flops_to_hu(self.flops)

@@ -1,0 +1,321 @@
+"""Writes on datasets, jobs, rounds and work units. Views and tasks are thin doors into these."""
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import torch
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, F, Q, When
+from django.utils import timezone
+from muninn_worker import tensors, training, zoo
+
+from muninn.errors import Conflict, InvalidInput, TooLarge
+
+from . import datasets, estimate, storage
+from .aggregation import fedavg
+from .models import Dataset, Job, Round, WorkUnit
+from .sharding import plan_shards
+from .signals import job_ended, job_started
+
+log = logging.getLogger(__name__)
+
+
+# --- Datasets -------------------------------------------------------------------------------------
+
+def dataset_create(*, owner, filename: str, data: bytes, name: str = "", target: str = "") -> Dataset:
+    """Validate, profile and store an upload. Nothing is stored unless the whole file is valid."""
+    if len(data) > settings.MUNINN_MAX_UPLOAD_BYTES:
+        raise TooLarge(f"The file is {len(data):,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
+    if not data:
+        raise InvalidInput("The file is empty.", code="empty_file")
+    try:
+        fmt = datasets.sniff_format(filename, data[:4096])
+        parsed = datasets.parse_dataset(data, fmt, target=target or None)
+    except datasets.DatasetError as e:
+        raise InvalidInput(e.message, code=e.code, detail=e.detail) from e
+    sha = storage.blob_put(data)
+    return Dataset.objects.create(
+        owner=owner, name=(name or filename)[:200], sha256=sha, size_bytes=len(data), format=fmt,
+        target=target, profile=parsed.profile,
+    )
+
+
+def _load_arrays(dataset: Dataset) -> datasets.ParsedDataset:
+    return datasets.parse_dataset(storage.blob_get(dataset.sha256), dataset.format, target=dataset.target or None)
+
+
+def _xy_bytes(X: torch.Tensor, y: torch.Tensor) -> bytes:
+    return tensors.shard_to_bytes(X.contiguous(), y.contiguous())
+
+
+def load_xy(sha256: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return tensors.bytes_to_shard(storage.blob_get(sha256))
+
+
+# --- Jobs -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobPlan:
+    hparams: dict
+    model_config: dict
+    estimate: estimate.Estimate
+
+
+def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int) -> JobPlan:
+    """Validate a customer's choice and count its work, writing nothing (the estimate shown before paying)."""
+    if not 1 <= rounds <= settings.MUNINN_MAX_ROUNDS:
+        raise InvalidInput(f"rounds must be between 1 and {settings.MUNINN_MAX_ROUNDS}.", code="bad_rounds")
+    try:
+        hp = zoo.validate_hparams(template, hparams or {})
+    except ValueError as e:  # UnknownTemplate, InvalidHParams
+        raise InvalidInput(str(e), code="bad_hparams") from e
+    profile = dataset.profile
+    model_config = {"in_features": profile["features"], "num_classes": profile["num_classes"], "hidden": hp["hidden"]}
+    train_idx, _ = datasets.split_holdout(profile["rows"], seed=0)  # the split's sizes do not depend on the seed
+    est = estimate.job_estimate(template=template, model_config=model_config, hparams=hp,
+                                n_train=len(train_idx), rounds=rounds)
+    return JobPlan(hp, model_config, est)
+
+
+def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds: int,
+               seed: int | None = None) -> Job:
+    """Plan the job, split the data once (fixed seed), and make the initial model."""
+    plan = job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds)
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    parsed = _load_arrays(dataset)
+    train_idx, test_idx = datasets.split_holdout(len(parsed.y), seed=seed)
+    X = torch.from_numpy(parsed.X)
+    y = torch.from_numpy(parsed.y)
+    X_train, y_train, X_test, y_test = X[train_idx], y[train_idx], X[test_idx], y[test_idx]
+    state = zoo.init_state(template, plan.model_config, seed)
+    # Feature scaling travels inside the model (buffers), so the downloaded model takes raw inputs.
+    std = X_train.std(dim=0)
+    state["norm_mean"] = X_train.mean(dim=0)
+    state["norm_std"] = torch.where(std > 1e-6, std, torch.ones_like(std))
+    est = plan.estimate
+    with transaction.atomic():
+        return Job.objects.create(
+            owner=owner, dataset=dataset, template=template, hparams=plan.hparams, model_config=plan.model_config,
+            rounds=rounds, seed=seed, flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
+            peak_memory_bytes=est.peak_memory_bytes,
+            train_sha256=storage.blob_put(_xy_bytes(X_train, y_train)),
+            test_sha256=storage.blob_put(_xy_bytes(X_test, y_test)),
+            n_train=len(train_idx), n_test=len(test_idx),
+            global_weights_sha256=storage.blob_put(tensors.state_dict_to_bytes(state)),
+            metrics={"classes": parsed.classes},
+        )
+
+
+def job_start(*, job_id: int) -> Job:
+    """Created → running. Receivers of `job_started` (billing's hold) run in this transaction and may refuse."""
+    from .tasks import open_round  # tasks import services; the reverse import is deferred
+
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.status != Job.Status.CREATED:
+            raise Conflict(f"Job {job.pk} is {job.status}; only a created job can be started.", code="not_startable")
+        job.status, job.started_at = Job.Status.RUNNING, timezone.now()
+        job.save(update_fields=["status", "started_at"])
+        job_started.send(sender=Job, job=job)
+        transaction.on_commit(lambda: open_round.delay(job.pk))
+    return job
+
+
+def _job_end(job: Job, status: str, error: str = "") -> None:
+    """Must run inside a transaction holding the job's row lock."""
+    job.status, job.error, job.finished_at = status, error, timezone.now()
+    job.save(update_fields=["status", "error", "finished_at"])
+    WorkUnit.objects.filter(round__job=job, status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED]).update(
+        status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None)
+    job.round_set.filter(status=Round.Status.OPEN).update(status=Round.Status.CLOSED, closed_at=timezone.now())
+    job_ended.send(sender=Job, job=job)
+
+
+def job_cancel(*, job_id: int) -> Job:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.is_ended:
+            raise Conflict(f"Job {job.pk} has already ended ({job.status}).", code="job_ended")
+        _job_end(job, Job.Status.CANCELLED)
+    return job
+
+
+def job_fail(*, job_id: int, error: str) -> None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if not job.is_ended:
+            _job_end(job, Job.Status.FAILED, error)
+
+
+# --- Rounds ---------------------------------------------------------------------------------------
+
+def _unit_seed(job: Job, number: int, index: int) -> int:
+    return (job.seed * 1_000_003 + number * 10_007 + index) % 2**31
+
+
+def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | None:
+    """Open the job's next round: shard the training set across the devices online now, given as
+    (device id, measured samples/s): sizes ∝ throughput, each shard reserved for a while for the device
+    it was sized for; no device or one device → one unit with everything. Idempotent: an open round is
+    returned as it is; an ended job or a finished schedule opens nothing."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.status != Job.Status.RUNNING:
+            return None
+        existing = job.round_set.filter(status=Round.Status.OPEN).first()
+        if existing:
+            return existing
+        number = job.current_round + 1
+        if number > job.rounds:
+            return None
+        X, y = load_xy(job.train_sha256)
+        shards = plan_shards(job.n_train, [speed for _, speed in devices],
+                             min_shard=min(job.hparams["batch_size"], job.n_train))
+        now = timezone.now()
+        rnd = Round.objects.create(
+            job=job, number=number, weights_sha256=job.global_weights_sha256,
+            deadline_at=now + timedelta(seconds=settings.MUNINN_ROUND_DEADLINE_SECONDS),
+        )
+        reserved_until = now + timedelta(seconds=settings.MUNINN_RESERVATION_SECONDS)
+        WorkUnit.objects.bulk_create([
+            WorkUnit(
+                round=rnd, index=i, shard_start=shard.start, shard_stop=shard.stop,
+                shard_sha256=storage.blob_put(_xy_bytes(X[shard.start:shard.stop], y[shard.start:shard.stop])),
+                seed=_unit_seed(job, number, i),
+                flops=estimate.unit_flops(flops_per_sample=job.flops_per_sample, samples=shard.stop - shard.start,
+                                          epochs=job.hparams["epochs"]),
+                min_memory_bytes=job.peak_memory_bytes,
+                preferred_device_id=None if shard.device is None else devices[shard.device][0],
+                reserved_until=None if shard.device is None else reserved_until,
+            )
+            for i, shard in enumerate(shards)
+        ])
+        job.current_round = number
+        job.save(update_fields=["current_round"])
+    log.info("job %s: opened round %s with %s unit(s)", job.pk, number, len(shards))
+    return rnd
+
+
+def round_aggregate(*, round_id: int) -> Round:
+    """FedAvg the round's accepted results (weighted by samples), evaluate on the held-out split, close the
+    round, and finish the job after its last round. Idempotent: a closed round is returned untouched; a
+    round with no accepted result yet is left open."""
+    with transaction.atomic():
+        rnd = Round.objects.select_for_update().get(pk=round_id)
+        job = Job.objects.select_for_update().get(pk=rnd.job_id)
+        if rnd.status == Round.Status.CLOSED or job.status != Job.Status.RUNNING:
+            return rnd
+        accepted = list(rnd.units.filter(status=WorkUnit.Status.ACCEPTED).order_by("index"))
+        if not accepted:
+            return rnd
+        states = [tensors.bytes_to_state_dict(storage.blob_get(u.result_sha256)) for u in accepted]
+        samples = [u.result_samples for u in accepted]
+        new_state = fedavg(states, samples)
+        rnd.result_sha256 = storage.blob_put(tensors.state_dict_to_bytes(new_state))
+
+        model = zoo.build_model(job.template, job.model_config)
+        model.load_state_dict(new_state)
+        X_test, y_test = load_xy(job.test_sha256)
+        evaluation = training.evaluate(model, X_test, y_test)
+        rnd.metrics = {
+            "test_accuracy": evaluation["accuracy"],
+            "test_loss": evaluation["loss"],
+            "train_loss": sum(u.result_metrics.get("loss_after", 0.0) * n for u, n in zip(accepted, samples))
+            / sum(samples),
+            "samples": sum(samples),
+            "units": len(accepted),
+        }
+        rnd.units.filter(status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED]).update(
+            status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None)
+        rnd.status, rnd.closed_at = Round.Status.CLOSED, timezone.now()
+        rnd.save()
+        job.global_weights_sha256 = rnd.result_sha256
+        job.metrics = {**job.metrics, **rnd.metrics, "round": rnd.number}
+        job.save(update_fields=["global_weights_sha256", "metrics"])
+        if rnd.number >= job.rounds:
+            _job_end(job, Job.Status.SUCCEEDED)
+    log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
+    return rnd
+
+
+def rounds_overdue(*, now: datetime | None = None) -> list[int]:
+    """Open rounds past their deadline that have at least one accepted result: ready to close as they are."""
+    now = now or timezone.now()
+    return list(
+        Round.objects.filter(status=Round.Status.OPEN, deadline_at__lt=now,
+                             units__status=WorkUnit.Status.ACCEPTED).values_list("id", flat=True).distinct()
+    )
+
+
+# --- Work units -----------------------------------------------------------------------------------
+
+def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None = None) -> WorkUnit | None:
+    """Lease one queued unit the device can run: first one sized for it, else one nobody else has reserved.
+    Never the same unit to two devices: rows are locked with SKIP LOCKED where the database has it, and the
+    lease itself is a conditional update on the status."""
+    lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
+    now = timezone.now()
+    with transaction.atomic():
+        candidates = WorkUnit.objects.filter(
+            Q(preferred_device_id=device_id) | Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now),
+            status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
+            min_memory_bytes__lte=memory_bytes,
+        ).order_by(Case(When(preferred_device_id=device_id, then=0), default=1), "id")
+        if connection.features.has_select_for_update_skip_locked:
+            candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+        for unit in candidates[:4]:
+            token = uuid.uuid4()
+            leased = WorkUnit.objects.filter(pk=unit.pk, status=WorkUnit.Status.QUEUED).update(
+                status=WorkUnit.Status.LEASED, lease_token=token,
+                lease_expires_at=now + timedelta(seconds=lease_seconds), attempts=F("attempts") + 1,
+            )
+            if leased:
+                unit.refresh_from_db()
+                return unit
+    return None
+
+
+def unit_heartbeat(*, unit_id: int, lease_token: uuid.UUID, lease_seconds: int | None = None) -> datetime:
+    expires = timezone.now() + timedelta(seconds=lease_seconds or settings.MUNINN_LEASE_SECONDS)
+    extended = WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.LEASED, lease_token=lease_token).update(
+        lease_expires_at=expires)
+    if not extended:
+        raise Conflict("This unit is no longer leased to you.", code="lease_lost")
+    return expires
+
+
+def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, samples: int,
+                metrics: dict) -> tuple[WorkUnit, bool]:
+    """Record a checked result for the unit. Returns (unit, round_complete). Must run inside the caller's
+    transaction so that crediting the work commits with it. The round row is locked first, so an
+    aggregation never misses a result it has already been told about."""
+    unit = WorkUnit.objects.select_related("round").get(pk=unit_id)
+    rnd = Round.objects.select_for_update().get(pk=unit.round_id)
+    unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
+    if unit.status == WorkUnit.Status.ACCEPTED:
+        raise Conflict("This unit already has an accepted result.", code="already_done")
+    if rnd.status != Round.Status.OPEN or unit.status != WorkUnit.Status.LEASED or unit.lease_token != lease_token:
+        raise Conflict("This unit is no longer leased to you (the lease expired or the round closed).",
+                       code="lease_lost")
+    unit.status, unit.accepted_at = WorkUnit.Status.ACCEPTED, timezone.now()
+    unit.result_sha256, unit.result_samples, unit.result_metrics = result_sha256, samples, metrics
+    unit.lease_expires_at = None
+    unit.save()
+    unit.round = rnd
+    pending = rnd.units.filter(status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED]).exists()
+    return unit, not pending
+
+
+def units_requeue_expired(*, now: datetime | None = None) -> int:
+    """Leases past their expiry go back to the queue, open to any device (a new lease gets a new token, so
+    a late result from the old holder is refused). Safe to run any number of times."""
+    return WorkUnit.objects.filter(
+        status=WorkUnit.Status.LEASED, lease_expires_at__lt=now or timezone.now(),
+    ).update(status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
+             reserved_until=None)

@@ -1,0 +1,8 @@
+"""Events jobs/ raises so that billing/ can act without jobs/ importing it (apps depend downward only).
+
+Receivers run inside the sender's transaction: a receiver that raises (e.g. the balance is short) aborts it.
+"""
+from django.dispatch import Signal
+
+job_started = Signal()  # kwargs: job
+job_ended = Signal()  # kwargs: job (status is SUCCEEDED, FAILED or CANCELLED)

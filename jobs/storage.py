@@ -1,0 +1,38 @@
+"""Content-addressed blobs (weights, shards, uploads) on Django's default storage.
+
+The path is the sha256 of the bytes, so a blob is written once, can be cached anywhere by its hash, and a
+task that runs twice writes the same file.
+"""
+import hashlib
+
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def blob_path(sha256: str) -> str:
+    return f"blobs/{sha256[:2]}/{sha256}"
+
+
+def blob_put(data: bytes) -> str:
+    sha = sha256_hex(data)
+    path = blob_path(sha)
+    if not default_storage.exists(path):
+        default_storage.save(path, ContentFile(data))
+    return sha
+
+
+def blob_get(sha256: str) -> bytes:
+    with default_storage.open(blob_path(sha256), "rb") as f:
+        return f.read()
+
+
+def blob_open(sha256: str):
+    return default_storage.open(blob_path(sha256), "rb")
+
+
+def blob_exists(sha256: str) -> bool:
+    return default_storage.exists(blob_path(sha256))

@@ -1,0 +1,52 @@
+"""Celery tasks for the life of a round. Each takes ids, calls one service, and is safe to run twice.
+
+This is the task layer, where apps are wired together: it asks contributors/ which devices are online
+(jobs' services never import contributors/ or billing/).
+"""
+import logging
+
+from celery import shared_task
+
+from . import services
+from .models import Job, Round
+
+log = logging.getLogger(__name__)
+
+
+def _online_devices(job: Job) -> list[tuple[int, float]]:
+    from contributors.selectors import device_capacities_online
+
+    return device_capacities_online(min_memory_bytes=job.peak_memory_bytes)
+
+
+@shared_task(name="jobs.tasks.open_round")
+def open_round(job_id: int) -> int | None:
+    job = Job.objects.get(pk=job_id)
+    try:
+        rnd = services.round_open(job_id=job_id, devices=_online_devices(job))
+    except Exception as e:  # a job that cannot open a round fails visibly instead of waiting forever
+        log.exception("job %s: opening a round failed", job_id)
+        services.job_fail(job_id=job_id, error=f"opening a round failed: {e}")
+        return None
+    return rnd.pk if rnd else None
+
+
+@shared_task(name="jobs.tasks.aggregate_round")
+def aggregate_round(round_id: int) -> None:
+    rnd = services.round_aggregate(round_id=round_id)
+    if rnd.status == Round.Status.CLOSED:
+        open_round(rnd.job_id)  # in-process: the next round opens without another trip through the broker
+
+
+@shared_task(name="jobs.tasks.requeue_expired_leases")
+def requeue_expired_leases() -> int:
+    count = services.units_requeue_expired()
+    if count:
+        log.info("re-queued %s unit(s) whose lease expired", count)
+    return count
+
+
+@shared_task(name="jobs.tasks.close_overdue_rounds")
+def close_overdue_rounds() -> None:
+    for round_id in services.rounds_overdue():
+        aggregate_round(round_id)

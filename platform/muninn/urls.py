@@ -1,0 +1,37 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from accounts import api as accounts_api
+from billing import api as billing_api
+from contributors import api as contributors_api
+from jobs import api as jobs_api
+
+from . import views
+
+api = [
+    path("auth/signup", accounts_api.SignupView.as_view(), name="signup"),
+    path("auth/token", accounts_api.TokenView.as_view(), name="token"),
+    path("me", accounts_api.MeView.as_view(), name="me"),
+    path("templates", jobs_api.TemplateListView.as_view(), name="templates"),
+    path("datasets", jobs_api.DatasetListView.as_view(), name="datasets"),
+    path("datasets/<int:dataset_id>", jobs_api.DatasetDetailView.as_view(), name="dataset"),
+    path("estimates", billing_api.EstimateView.as_view(), name="estimate"),
+    path("jobs", jobs_api.JobListView.as_view(), name="jobs"),
+    path("jobs/<int:job_id>", jobs_api.JobDetailView.as_view(), name="job"),
+    path("jobs/<int:job_id>/start", jobs_api.JobStartView.as_view(), name="job-start"),
+    path("jobs/<int:job_id>/cancel", jobs_api.JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<int:job_id>/model", jobs_api.JobModelView.as_view(), name="job-model"),
+    path("jobs/<int:job_id>/charges", billing_api.JobChargesView.as_view(), name="job-charges"),
+    path("jobs/<int:job_id>/devices", contributors_api.JobDevicesView.as_view(), name="job-devices"),
+    path("balance", billing_api.BalanceView.as_view(), name="balance"),
+    path("worker/", include("contributors.urls")),
+    path("schema", SpectacularAPIView.as_view(), name="schema"),
+]
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/", include(api)),
+]

@@ -1,0 +1,122 @@
+"""Start and stop the platform's processes (web, Celery worker and beat, worker clients) as real processes.
+
+Used by `make demo` and by the end-to-end tests, so both run the platform the same way.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(**overrides: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{ROOT / 'platform'}:{ROOT}"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(overrides)
+    return env
+
+
+@dataclass
+class Stack:
+    """The processes one run started; `stop()` ends them all (also on errors, via the context manager)."""
+
+    env: dict[str, str]
+    log_dir: Path
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        proc = subprocess.Popen(args, cwd=ROOT, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def manage(self, *args: str, check: bool = True) -> str:
+        out = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
+                             text=True)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out.stdout
+
+    def web(self, port: int) -> str:
+        self.spawn("web", [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"127.0.0.1:{port}",
+                           "--workers", "2", "--threads", "4", "--timeout", "120"])
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/healthz")
+        return url
+
+    def celery_worker(self, name: str = "celery-worker") -> subprocess.Popen:
+        return self.spawn(name, [str(VENV_BIN / "celery"), "-A", "muninn", "worker", "--loglevel=INFO",
+                                 "--concurrency=1", "--pool=solo", "--without-mingle", "--without-gossip"])
+
+    def celery_beat(self) -> subprocess.Popen:
+        return self.spawn("celery-beat", [str(VENV_BIN / "celery"), "-A", "muninn", "beat", "--loglevel=INFO",
+                                          "--schedule", str(self.log_dir / "celerybeat-schedule")])
+
+    def register_device(self, server: str, account_token: str, name: str) -> Path:
+        config = self.log_dir / f"{name}.json"
+        out = subprocess.run([str(VENV_BIN / "muninn-worker"), "register", "--server", server, "--token",
+                              account_token, "--name", name, "--config", str(config)],
+                             env=self.env, capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"muninn-worker register failed:\n{out.stdout}\n{out.stderr}")
+        return config
+
+    def worker_client(self, name: str, config: Path, *extra: str) -> subprocess.Popen:
+        return self.spawn(name, [str(VENV_BIN / "muninn-worker"), "run", "--config", str(config),
+                                 "--cache-dir", str(self.log_dir / f"{name}-cache"), *extra])
+
+    def stop(self, name: str | None = None, sig: int = signal.SIGTERM) -> None:
+        for proc_name, proc in list(self.procs):
+            if name is not None and proc_name != name:
+                continue
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def __enter__(self) -> Stack:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=2).ok:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")

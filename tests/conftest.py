@@ -1,0 +1,132 @@
+"""Fixtures shared by the site's tests: users, a funded customer, devices, and a simulated device that does
+real training in-process through the worker API (the end-to-end tests use real processes instead)."""
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+from muninn_worker import tensors, training, zoo
+from rest_framework.test import APIClient
+from sklearn.datasets import load_digits
+
+from accounts import services as accounts
+from accounts.models import User
+from billing import money
+from billing import services as billing
+from contributors import services as contributors
+from muninn.celery import app as celery_app
+
+
+@pytest.fixture(autouse=True)
+def _isolated_media(settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+
+
+@pytest.fixture(autouse=True)
+def _eager_celery():
+    """In-process tests run tasks at once; the end-to-end tests switch this off and use a real worker."""
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def staff(db) -> User:
+    return accounts.user_create(username="staff", password="staff-pass-123", role=User.Role.STAFF)
+
+
+@pytest.fixture
+def customer(db, staff) -> User:
+    user = accounts.user_create(username="alice", password="alice-pass-123", role=User.Role.CUSTOMER)
+    billing.balance_grant(user=user, amount=money.to_nanos("10"), reason="test credit", granted_by=staff)
+    return user
+
+
+@pytest.fixture
+def contributor(db) -> User:
+    return accounts.user_create(username="bob", password="bob-pass-123", role=User.Role.CONTRIBUTOR)
+
+
+@pytest.fixture
+def customer_api(customer) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {accounts.token_for(user=customer)}")
+    return client
+
+
+CAPABILITIES = {"cpu_cores": 2, "ram_bytes": 8 * 2**30, "backends": ["cpu"], "gpus": [], "torch_version": "2.13.0",
+                "samples_per_s": 1000.0}
+
+
+class SimulatedDevice:
+    """A contributor device driven through the worker API with real local training."""
+
+    def __init__(self, contributor: User, name: str):
+        self.device, token = contributors.device_register(owner=contributor, name=name, capabilities=CAPABILITIES)
+        self.client = APIClient()
+        self.client.credentials(HTTP_AUTHORIZATION=f"Device {token}")
+
+    def claim(self) -> dict | None:
+        response = self.client.post("/api/worker/claim", {}, format="json")
+        assert response.status_code in (200, 204), response.content
+        return response.json()["unit"] if response.status_code == 200 else None
+
+    def train(self, unit: dict) -> tuple[bytes, dict]:
+        weights = b"".join(self.client.get(f"/api/worker/units/{unit['id']}/weights").streaming_content)
+        shard = b"".join(self.client.get(f"/api/worker/units/{unit['id']}/shard").streaming_content)
+        model = zoo.build_model(unit["template"], unit["model_config"])
+        model.load_state_dict(tensors.bytes_to_state_dict(weights))
+        xy = tensors.bytes_to_state_dict(shard)
+        started = datetime.now(UTC)
+        result = training.train_local(model, xy["X"], xy["y"], **unit["train"])
+        out = tensors.state_dict_to_bytes(result.state_dict)
+        receipt = {
+            "unit": unit["id"], "weights_sha256": tensors.sha256_hex(weights), "shard_sha256": tensors.sha256_hex(shard),
+            "output_sha256": tensors.sha256_hex(out), "samples": result.samples, "steps": result.steps,
+            "loss_before": result.loss_before, "loss_after": result.loss_after, "started_at": started.isoformat(),
+            "finished_at": datetime.now(UTC).isoformat(), "train_seconds": result.train_seconds,
+        }
+        return out, receipt
+
+    def submit(self, unit_id: int, weights: bytes, receipt: dict):
+        return self.client.post(f"/api/worker/units/{unit_id}/result",
+                                {"weights": io.BytesIO(weights), "receipt": json.dumps(receipt)}, format="multipart")
+
+    def work_one(self) -> bool:
+        unit = self.claim()
+        if unit is None:
+            return False
+        response = self.submit(unit["id"], *self.train(unit))
+        assert response.status_code == 201, response.content
+        return True
+
+
+@pytest.fixture
+def make_device(contributor):
+    return lambda name="device": SimulatedDevice(contributor, name)
+
+
+def digits_npz(n: int | None = None) -> bytes:
+    digits = load_digits()
+    buf = io.BytesIO()
+    np.savez(buf, X=digits.data[:n].astype(np.float32), y=digits.target[:n].astype(np.int64))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def digits_dataset(customer_api) -> dict:
+    response = customer_api.post("/api/datasets", {"file": _named(digits_npz(), "digits.npz")}, format="multipart")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def _named(data: bytes, name: str) -> io.BytesIO:
+    f = io.BytesIO(data)
+    f.name = name
+    return f
+
+
+named_file = _named

@@ -1,0 +1,168 @@
+"""Input from outside (uploads, API calls, worker results) gets a clear 4xx and changes nothing."""
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+import pytest
+import torch
+from muninn_worker import tensors
+
+from billing.models import Entry, Transaction
+from contributors.models import Receipt
+from jobs.models import Dataset, Job, WorkUnit
+
+from .conftest import named_file
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def error_of(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and {"code", "message", "detail"} <= set(body["error"]), body
+    return body["error"]
+
+
+@pytest.mark.parametrize("name, data, code", [
+    ("notes.txt", b"just some words\nnot a table\n", "unknown_format"),
+    ("model.npz", pickle.dumps({"X": [1, 2, 3]}), "pickle_rejected"),
+    ("data.csv", b"a,b,label\n1,2,x\n3,oops,y\n", "bad_number"),
+    ("empty.csv", b"", "empty_file"),
+])
+def test_unsupported_or_broken_upload_is_refused_and_nothing_is_stored(customer_api, settings, name, data, code):
+    response = customer_api.post("/api/datasets", {"file": named_file(data, name)}, format="multipart")
+
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == code and error["message"]
+    assert not Dataset.objects.exists()
+
+
+def test_upload_over_the_size_limit_is_refused(customer_api, settings):
+    settings.MUNINN_MAX_UPLOAD_BYTES = 100
+    response = customer_api.post("/api/datasets", {"file": named_file(b"a,b\n" + b"1,2\n" * 100, "big.csv")},
+                                 format="multipart")
+    assert response.status_code == 413
+    assert not Dataset.objects.exists()
+
+
+def test_bad_hyper_parameters_name_the_field(customer_api, digits_dataset):
+    response = customer_api.post("/api/jobs", {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 2,
+                                               "hparams": {"lr": 1000}}, format="json")
+    assert response.status_code == 400
+    assert "lr" in error_of(response)["message"]
+    assert not Job.objects.exists()
+
+
+def test_another_customers_dataset_is_not_found(customer_api, digits_dataset, contributor):
+    from accounts import services as accounts
+    from accounts.models import User
+    from rest_framework.test import APIClient
+
+    mallory = accounts.user_create(username="mallory", password="mallory-pass-1", role=User.Role.CUSTOMER)
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Token {accounts.token_for(user=mallory)}")
+    assert other.get(f"/api/datasets/{digits_dataset['id']}").status_code == 404
+    response = other.post("/api/jobs", {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 1},
+                          format="json")
+    assert response.status_code == 404
+
+
+@pytest.fixture
+def leased(customer_api, digits_dataset, make_device):
+    """A running job and a unit leased to one device, trained honestly (weights, receipt) but not uploaded."""
+    job = customer_api.post("/api/jobs", {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 2,
+                                          "start": True}, format="json").json()
+    device = make_device("holder")
+    unit = device.claim()
+    weights, receipt = device.train(unit)
+    return {"job": job, "device": device, "unit": unit, "weights": weights, "receipt": receipt}
+
+
+def assert_nothing_changed(leased) -> None:
+    unit = WorkUnit.objects.get(pk=leased["unit"]["id"])
+    assert unit.status == WorkUnit.Status.LEASED and not unit.result_sha256
+    assert not Transaction.objects.filter(kind=Transaction.Kind.CHARGE).exists()
+    assert not Receipt.objects.filter(status=Receipt.Status.ACCEPTED).exists()
+    assert Job.objects.get(pk=leased["job"]["id"]).current_round == 1
+
+
+def test_result_for_someone_elses_unit_is_refused(leased, make_device):
+    intruder = make_device("intruder")
+
+    response = intruder.submit(leased["unit"]["id"], leased["weights"], leased["receipt"])
+
+    assert response.status_code == 409
+    assert error_of(response)["code"] == "lease_lost"
+    assert intruder.client.get(f"/api/worker/units/{leased['unit']['id']}/weights").status_code == 409
+    assert_nothing_changed(leased)
+
+
+def _with(leased, state_change) -> tuple[bytes, dict]:
+    state = tensors.bytes_to_state_dict(leased["weights"])
+    state_change(state)
+    data = tensors.state_dict_to_bytes(state)
+    return data, {**leased["receipt"], "output_sha256": tensors.sha256_hex(data)}
+
+
+def _first_weight(state) -> str:
+    return next(k for k in state if k.endswith("weight"))
+
+
+@pytest.mark.parametrize("change, code", [
+    (lambda s: s.__setitem__(_first_weight(s), torch.zeros(3, 3)), "wrong_shape"),
+    (lambda s: s[_first_weight(s)].view(-1).__setitem__(0, float("nan")), "not_finite"),
+    (lambda s: s[_first_weight(s)].view(-1).__setitem__(0, float("inf")), "not_finite"),
+    (lambda s: s.__setitem__(_first_weight(s), s[_first_weight(s)].double()), "wrong_dtype"),
+    (lambda s: s.__setitem__("extra.weight", torch.zeros(2)), "wrong_tensors"),
+])
+def test_result_with_bad_tensors_is_refused(leased, change, code):
+    data, receipt = _with(leased, change)
+
+    response = leased["device"].submit(leased["unit"]["id"], data, receipt)
+
+    assert response.status_code == 400
+    assert error_of(response)["code"] == code
+    assert_nothing_changed(leased)
+    assert Receipt.objects.filter(status=Receipt.Status.REJECTED, reason__startswith=code).count() == 1
+
+
+def test_pickle_posing_as_weights_is_refused(leased):
+    payload = pickle.dumps({"w": torch.zeros(2)})
+    receipt = {**leased["receipt"], "output_sha256": tensors.sha256_hex(payload)}
+
+    response = leased["device"].submit(leased["unit"]["id"], payload, receipt)
+
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "not_safetensors"
+    assert_nothing_changed(leased)
+
+
+def test_receipt_that_does_not_match_the_upload_is_refused(leased):
+    receipt = {**leased["receipt"], "output_sha256": "0" * 64}
+    response = leased["device"].submit(leased["unit"]["id"], leased["weights"], receipt)
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "receipt_output_mismatch"
+    assert_nothing_changed(leased)
+
+
+def test_malformed_receipt_is_refused(leased):
+    device, unit_id = leased["device"], leased["unit"]["id"]
+    not_json = device.client.post(f"/api/worker/units/{unit_id}/result",
+                                  {"weights": io.BytesIO(leased["weights"]), "receipt": "{nope"}, format="multipart")
+    missing = device.submit(unit_id, leased["weights"], {k: v for k, v in leased["receipt"].items() if k != "samples"})
+    assert not_json.status_code == 400 and error_of(not_json)["code"] == "bad_receipt"
+    assert missing.status_code == 400 and "samples" in error_of(missing)["message"]
+    assert_nothing_changed(leased)
+
+
+def test_worker_api_needs_a_device_token(leased, customer_api):
+    assert customer_api.post("/api/worker/claim").status_code in (401, 403)
+    from rest_framework.test import APIClient
+
+    anonymous = APIClient()
+    anonymous.credentials(HTTP_AUTHORIZATION="Device not-a-real-token")
+    assert anonymous.post("/api/worker/claim").status_code == 401
+    assert_nothing_changed(leased)
+    assert Entry.objects.exists()  # the customer's credit and the job's hold are still there

@@ -1,0 +1,62 @@
+"""Concurrent claims on PostgreSQL: row locks with SKIP LOCKED never lease one unit twice."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from contributors import services as contributors
+from contributors.models import Lease
+from jobs import services as jobs
+from jobs.models import WorkUnit
+
+from .conftest import CAPABILITIES, digits_npz
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+DEVICES = 40
+THREADS = 16
+
+
+def test_concurrent_claims_never_lease_a_unit_twice(customer, contributor):
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
+    devices = [contributors.device_register(owner=contributor, name=f"d{i}", capabilities=CAPABILITIES)[0]
+               for i in range(DEVICES)]
+    dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=digits_npz())
+    job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams={}, rounds=1, seed=1)
+    jobs.job_start(job_id=job.pk)  # opens round 1 with one shard per online device
+    units = WorkUnit.objects.filter(round__job=job).count()
+    assert units == DEVICES
+
+    claimed: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(THREADS)
+    lock = threading.Lock()
+
+    def claim_until_empty(my_devices):
+        try:
+            barrier.wait()
+            while True:
+                got = [contributors.unit_claim(device=d) for d in my_devices]
+                got = [c.unit.pk for c in got if c is not None]
+                if not got:
+                    return
+                with lock:
+                    claimed.extend(got)
+        except BaseException as e:  # noqa: BLE001  (surfaced below)
+            errors.append(e)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claim_until_empty, args=(devices[i::THREADS],)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert not errors, errors
+    assert sorted(claimed) == sorted(set(claimed))
+    assert len(claimed) == units
+    assert Lease.objects.count() == units
+    assert WorkUnit.objects.filter(round__job=job, status=WorkUnit.Status.LEASED).count() == units

@@ -1,0 +1,87 @@
+"""End to end with real processes: gunicorn, a Celery worker on Redis, and two `muninn-worker` processes
+talking HTTP, all on the test's PostgreSQL database."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+from django.conf import settings
+from django.db import connection
+
+from accounts import services as accounts
+from accounts.models import User
+from billing import money
+from billing import selectors as ledger
+from billing import services as billing
+from billing.models import Transaction
+from contributors.models import Receipt
+from jobs.models import Job, WorkUnit
+from muninn.celery import app as celery_app
+from scripts.stack import Stack, base_env, free_port
+
+from .conftest import digits_npz
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+JOB_TIMEOUT_S = 150
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def stack(tmp_path):
+    if connection.vendor != "postgresql" or not settings.CELERY_BROKER_URL.startswith("redis://"):
+        pytest.fail("the end-to-end test needs PostgreSQL and Redis: run it through `make test`")
+    celery_app.conf.task_always_eager = False
+    with celery_app.connection_for_write() as conn:  # drop messages a previous run may have left behind
+        conn.default_channel.queue_purge("celery")
+    env = base_env(DATABASE_URL=database_url(), CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+                   MEDIA_ROOT=str(settings.MEDIA_ROOT), MUNINN_VAR_DIR=str(tmp_path / "var"), DEBUG="1",
+                   MUNINN_LEASE_SECONDS="30", LOG_LEVEL="INFO")
+    with Stack(env=env, log_dir=tmp_path / "log") as running:
+        yield running
+
+
+def test_job_runs_end_to_end_over_http_with_real_processes(stack):
+    staff = accounts.user_create(username="ops", password="ops-pass-123", role=User.Role.STAFF)
+    customer = accounts.user_create(username="carol", password="carol-pass-123", role=User.Role.CUSTOMER)
+    contributor = accounts.user_create(username="dave", password="dave-pass-123", role=User.Role.CONTRIBUTOR)
+    billing.balance_grant(user=customer, amount=money.to_nanos("5"), reason="e2e credit", granted_by=staff)
+    url = stack.web(free_port())
+    stack.celery_worker()
+    for name in ("device-1", "device-2"):
+        config = stack.register_device(url, accounts.token_for(user=contributor), name)
+        stack.worker_client(name, config, "--threads", "1", "--poll-interval", "0.2")
+    api = requests.Session()
+    api.headers["Authorization"] = f"Token {accounts.token_for(user=customer)}"
+
+    dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
+    job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 5, "seed": 11,
+                                            "start": True}).json()
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while job["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = api.get(f"{url}/api/jobs/{job['id']}").json()
+    logs = "\n".join(f"--- {n}\n{stack.log(n)[-3000:]}" for n in ("web", "celery-worker", "device-1", "device-2"))
+
+    assert job["status"] == "succeeded", logs
+    accuracies = [r["metrics"]["test_accuracy"] for r in job["round_list"]]
+    assert len(accuracies) == 5
+    assert accuracies[-1] > accuracies[0], accuracies
+    assert accuracies[-1] >= 0.85, accuracies
+    model = api.get(f"{url}/api/jobs/{job['id']}/model")
+    assert model.status_code == 200 and len(model.content) > 1000
+
+    done = Job.objects.get(pk=job["id"])
+    assert ledger.ledger_total() == 0
+    charges = Transaction.objects.filter(kind=Transaction.Kind.CHARGE, job=done)
+    accepted = WorkUnit.objects.filter(round__job=done, status=WorkUnit.Status.ACCEPTED)
+    assert charges.count() == accepted.count() > 0
+    for charge in charges:
+        assert Receipt.objects.filter(unit=charge.unit, status=Receipt.Status.ACCEPTED).count() == 1
+    job_money = ledger.job_money(job=done)
+    assert job_money["charged"] <= job_money["quoted"] and job_money["held"] == 0
+    assert len({r.device_id for r in Receipt.objects.filter(unit__round__job=done, status="accepted")}) == 2

@@ -1,0 +1,19 @@
+"""platform/ holds the Django project but must never shadow the standard library's `platform` module."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("pythonpath", ["", f"{ROOT / 'platform'}:{ROOT}"])
+def test_standard_library_platform_still_imports_from_the_repository_root(pythonpath):
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath}
+    out = subprocess.run([sys.executable, "-c", "import platform; print(platform.system(), platform.__file__)"],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    system, path = out.stdout.split()
+    assert system == "Linux"
+    assert not path.startswith(str(ROOT))

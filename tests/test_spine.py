@@ -1,0 +1,146 @@
+"""The life of a job through the real API and services, with devices simulated in-process (real training)."""
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from billing import selectors as ledger
+from billing.models import Transaction
+from contributors.models import Receipt
+from jobs import services as jobs
+from jobs.models import Job, Round, WorkUnit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def create_job(api, dataset_id: int, *, rounds: int = 3, start: bool = True, **hparams) -> dict:
+    response = api.post("/api/jobs", {"dataset": dataset_id, "template": "mlp", "rounds": rounds, "seed": 3,
+                                      "hparams": hparams, "start": start}, format="json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def run_until_done(devices, job_id: int, max_steps: int = 200) -> Job:
+    for _ in range(max_steps):
+        job = Job.objects.get(pk=job_id)
+        if job.is_ended:
+            return job
+        if not any(device.work_one() for device in devices):
+            raise AssertionError(f"no work to do but job is {job.status} at round {job.current_round}")
+    raise AssertionError("job did not finish")
+
+
+def assert_ledger_consistent(job: Job) -> None:
+    assert ledger.ledger_total() == 0
+    for txn in Transaction.objects.all():
+        assert sum(e.amount for e in txn.entries.all()) == 0
+    charges = Transaction.objects.filter(kind=Transaction.Kind.CHARGE, job=job)
+    for charge in charges:
+        assert Receipt.objects.filter(unit=charge.unit, status=Receipt.Status.ACCEPTED).count() == 1
+    assert charges.count() == WorkUnit.objects.filter(round__job=job, status=WorkUnit.Status.ACCEPTED).count()
+    money = ledger.job_money(job=job)
+    assert money["charged"] <= money["quoted"]
+
+
+def test_job_trains_to_a_better_model_and_credits_contributors(customer_api, digits_dataset, make_device,
+                                                               contributor):
+    devices = [make_device("a"), make_device("b")]
+    job = create_job(customer_api, digits_dataset["id"], rounds=4)
+
+    done = run_until_done(devices, job["id"])
+
+    assert done.status == Job.Status.SUCCEEDED
+    rounds = list(done.round_set.order_by("number"))
+    assert [r.number for r in rounds] == [1, 2, 3, 4]
+    assert all(r.metrics["units"] == 2 for r in rounds)  # two devices online → two shards each round
+    assert rounds[-1].metrics["test_accuracy"] > rounds[0].metrics["test_accuracy"]
+    assert rounds[-1].metrics["test_accuracy"] >= 0.85
+    assert_ledger_consistent(done)
+    money = ledger.job_money(job=done)
+    assert money["flops_charged"] == done.flops_estimated  # every estimated FLOP was verified work
+    assert money["held"] == 0 and money["charged"] + money["released"] == money["quoted"]
+    assert ledger.balances_for(user=contributor)["contributor_pending"] > 0
+
+    model = customer_api.get(f"/api/jobs/{done.pk}/model")
+    assert model.status_code == 200
+    from muninn_worker import tensors
+
+    assert set(tensors.bytes_to_state_dict(b"".join(model.streaming_content))) == set(
+        tensors.bytes_to_state_dict(jobs.storage.blob_get(rounds[0].weights_sha256)))
+
+
+def test_round_completes_with_one_device(customer_api, digits_dataset, make_device):
+    device = make_device("alone")
+    job = create_job(customer_api, digits_dataset["id"], rounds=2)
+
+    done = run_until_done([device], job["id"])
+
+    assert done.status == Job.Status.SUCCEEDED
+    for rnd in done.round_set.all():
+        assert rnd.units.count() == 1
+        assert rnd.metrics["samples"] == done.n_train  # the lone device trained on the whole round
+    assert_ledger_consistent(done)
+
+
+def test_worker_killed_mid_unit_is_replaced_and_nothing_is_credited_twice(customer_api, digits_dataset,
+                                                                          make_device):
+    killed, survivor = make_device("killed"), make_device("survivor")
+    job = create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = killed.claim()
+    weights, receipt = killed.train(unit)  # ... and then the process dies before uploading
+
+    WorkUnit.objects.filter(pk=unit["id"]).update(lease_expires_at=timezone.now() - timezone.timedelta(seconds=1))
+    assert jobs.units_requeue_expired() == 1
+    done = run_until_done([survivor], job["id"])
+    late = killed.submit(unit["id"], weights, receipt)  # the dead device's result arrives after all
+
+    assert done.status == Job.Status.SUCCEEDED
+    assert late.status_code == 409
+    assert late.json()["error"]["code"] in ("lease_lost", "already_done")
+    assert Receipt.objects.filter(unit_id=unit["id"], status=Receipt.Status.ACCEPTED).get().device == survivor.device
+    assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit["id"]).count() == 1
+    assert_ledger_consistent(done)
+
+
+def test_a_job_the_balance_cannot_cover_is_refused_and_nothing_changes(customer_api, digits_dataset, settings):
+    settings.MUNINN_PRICE_PER_HU = 10**12  # make the job cost more than the customer's €10
+    job = create_job(customer_api, digits_dataset["id"], rounds=2, start=False)
+    before = list(Transaction.objects.values_list("id", flat=True))
+
+    response = customer_api.post(f"/api/jobs/{job['id']}/start")
+
+    assert response.status_code == 402
+    assert response.json()["error"]["code"] == "insufficient_balance"
+    assert "balance" in response.json()["error"]["message"]
+    assert Job.objects.get(pk=job["id"]).status == Job.Status.CREATED
+    assert list(Transaction.objects.values_list("id", flat=True)) == before
+    assert not Round.objects.exists()
+
+
+def test_cancelled_job_releases_the_rest_of_its_hold(customer_api, digits_dataset, make_device, customer):
+    device = make_device()
+    job = create_job(customer_api, digits_dataset["id"], rounds=5)
+    device.work_one()
+    balance_before_cancel = ledger.balances_for(user=customer)["customer_available"]
+
+    response = customer_api.post(f"/api/jobs/{job['id']}/cancel")
+
+    assert response.status_code == 200
+    cancelled = Job.objects.get(pk=job["id"])
+    assert cancelled.status == Job.Status.CANCELLED
+    money = ledger.job_money(job=cancelled)
+    assert money["held"] == 0 and money["charged"] + money["released"] == money["quoted"]
+    assert ledger.balances_for(user=customer)["customer_available"] == balance_before_cancel + money["released"]
+    assert device.claim() is None  # a cancelled job hands out no more work
+    assert_ledger_consistent(cancelled)
+
+
+def test_estimate_matches_the_job_and_the_price(customer_api, digits_dataset):
+    choice = {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 3, "hparams": {"epochs": 1}}
+
+    estimate = customer_api.post("/api/estimates", choice, format="json").json()
+    job = customer_api.post("/api/jobs", choice, format="json").json()
+
+    assert estimate["flops"] == job["flops_estimated"] > 0
+    assert estimate["flops"] == 3 * estimate["flops_per_round"]
+    assert estimate["price"]["nanos"] > 0 and estimate["price"]["currency"] == "EUR"

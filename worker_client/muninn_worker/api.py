@@ -1,0 +1,224 @@
+"""The HTTP side of the worker protocol (docs/worker-protocol.md), one method per endpoint.
+
+Every request goes through `call_with_retry`; error bodies `{"error": {"code", "message"}}` become
+`ApiError`, and a server that stays unreachable becomes `NetworkError`, so callers handle one family.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import requests
+
+from muninn_worker import __version__
+from muninn_worker.cache import ContentCache
+from muninn_worker.retry import NETWORK_ERRORS, RetryHook, call_with_retry
+
+__all__ = ["ApiClient", "ApiError", "NetworkError", "DownloadProgress"]
+
+DownloadProgress = Callable[[int, "int | None"], None]  # (bytes so far, total bytes or None)
+
+_CHUNK = 1 << 20
+
+
+class ApiError(Exception):
+    """The site answered with an error status (or with something that is not the protocol)."""
+
+    def __init__(self, status: int, code: str, message: str, detail: Any = None) -> None:
+        super().__init__(f"{message} (HTTP {status} {code})")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+class NetworkError(ApiError):
+    """The site could not be reached (connection refused, DNS, timeouts) even after retrying."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "unreachable", message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ApiClient:
+    def __init__(
+        self,
+        server_url: str,
+        *,
+        account_token: str | None = None,
+        device_token: str | None = None,
+        timeout: float | tuple[float, float] = (10.0, 120.0),
+        attempts: int = 6,
+        retry_sleep: Callable[[float], Any] = time.sleep,
+        on_retry: RetryHook | None = None,
+    ) -> None:
+        if not server_url.startswith(("http://", "https://")):
+            raise ValueError(f"the server URL must start with http:// or https:// (got {server_url!r})")
+        self.server_url = server_url.rstrip("/")
+        self.account_token = account_token
+        self.device_token = device_token
+        self.timeout = timeout
+        self.attempts = attempts
+        self.retry_sleep = retry_sleep
+        self.on_retry = on_retry
+        # requests.Session is not thread-safe; the heartbeat thread gets its own.
+        self._local = threading.local()
+
+    # ------------------------------------------------------------------------------------ endpoints
+
+    def register_device(self, name: str, capabilities: dict) -> dict:
+        """POST /api/worker/devices → {"device_id", "device_token", "name"}."""
+        response = self._request(
+            "POST", "/api/worker/devices", auth="account",
+            json={"name": name, "capabilities": capabilities}, expected=(200, 201),
+        )
+        body = self._json(response)
+        if not isinstance(body.get("device_token"), str) or "device_id" not in body:
+            raise ApiError(response.status_code, "bad_response", "registration answer lacks device_id/device_token")
+        return body
+
+    def claim(self) -> dict | None:
+        """POST /api/worker/claim → the leased unit, or None when there is nothing to do (204)."""
+        response = self._request("POST", "/api/worker/claim", json={}, expected=(200, 204))
+        if response.status_code == 204:
+            return None
+        unit = self._json(response).get("unit")
+        if not isinstance(unit, dict):
+            raise ApiError(response.status_code, "bad_response", "claim answer has no unit object")
+        return unit
+
+    def download(
+        self,
+        unit_id: int,
+        kind: str,
+        expected_sha256: str,
+        cache_dir: str | os.PathLike[str],
+        *,
+        progress: DownloadProgress | None = None,
+    ) -> bytes:
+        """GET a unit's weights or shard, through the content-addressed cache; the hash is always verified.
+
+        Raises HashMismatch (a ValueError) when the body does not hash to `expected_sha256`.
+        """
+        if kind not in ("weights", "shard"):
+            raise ValueError(f"kind must be 'weights' or 'shard' (got {kind!r})")
+        cache = ContentCache(cache_dir)
+        cached = cache.get(expected_sha256)
+        if cached is not None:
+            return cached
+        url = f"{self.server_url}/api/worker/units/{int(unit_id)}/{kind}"
+        body: dict[str, bytes] = {}
+
+        def attempt() -> requests.Response:
+            response = self._session().get(url, headers=self._headers("device"), stream=True, timeout=self.timeout)
+            try:
+                if response.status_code != 200:
+                    response.content  # noqa: B018 - read the small error body before the connection closes
+                    return response
+                body["data"] = cache.put(expected_sha256, _chunks(response, progress))
+                return response
+            finally:
+                response.close()
+
+        response = self._retry(attempt)
+        if response.status_code != 200:
+            raise _error_from(response)
+        return body["data"]
+
+    def heartbeat(self, unit_id: int) -> dict:
+        """POST /api/worker/units/<id>/heartbeat → {"lease_expires_at"}; ApiError 409 if the lease is gone."""
+        response = self._request("POST", f"/api/worker/units/{int(unit_id)}/heartbeat", json={})
+        return self._json(response)
+
+    def submit_result(self, unit_id: int, weights_bytes: bytes, receipt: dict) -> dict:
+        """POST the trained weights (multipart `weights`) with the JSON `receipt`."""
+        response = self._request(
+            "POST", f"/api/worker/units/{int(unit_id)}/result",
+            files={"weights": ("weights.safetensors", weights_bytes, "application/octet-stream")},
+            data={"receipt": json.dumps(receipt, allow_nan=False, separators=(",", ":"))},
+            expected=(200, 201),
+        )
+        return self._json(response)
+
+    # ------------------------------------------------------------------------------------- plumbing
+
+    def _request(self, method: str, path: str, *, auth: str = "device", expected: tuple[int, ...] = (200,),
+                 **kwargs: Any) -> requests.Response:
+        url = self.server_url + path
+        headers = self._headers(auth)
+        response = self._retry(
+            lambda: self._session().request(method, url, headers=headers, timeout=self.timeout, **kwargs)
+        )
+        if response.status_code not in expected:
+            raise _error_from(response)
+        return response
+
+    def _retry(self, fn: Callable[[], requests.Response]) -> requests.Response:
+        try:
+            return call_with_retry(fn, attempts=self.attempts, sleep=self.retry_sleep, on_retry=self.on_retry)
+        except NETWORK_ERRORS as exc:
+            raise NetworkError(f"cannot reach {self.server_url}: {_short(exc)}") from exc
+
+    def _headers(self, auth: str) -> dict[str, str]:
+        if auth == "account":
+            if not self.account_token:
+                raise ValueError("registering a device needs the account token")
+            authorization = f"Token {self.account_token}"
+        else:
+            if not self.device_token:
+                raise ValueError("this call needs a device token; register the device first")
+            authorization = f"Device {self.device_token}"
+        return {"Authorization": authorization, "User-Agent": f"muninn-worker/{__version__}"}
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+        return session
+
+    @staticmethod
+    def _json(response: requests.Response) -> dict:
+        try:
+            body = response.json()
+        except ValueError:
+            raise ApiError(response.status_code, "bad_response", "the server did not answer with JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(response.status_code, "bad_response", "the server answered JSON that is not an object")
+        return body
+
+
+def _chunks(response: requests.Response, progress: DownloadProgress | None) -> Iterator[bytes]:
+    total = int(response.headers.get("Content-Length") or 0) or None
+    done = 0
+    for chunk in response.iter_content(_CHUNK):
+        done += len(chunk)
+        if progress is not None:
+            progress(done, total)
+        yield chunk
+
+
+def _error_from(response: requests.Response) -> ApiError:
+    """Map `{"error": {"code", "message", "detail"}}` to ApiError; fall back to the status line."""
+    status = response.status_code
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict) and error.get("message"):
+        return ApiError(status, str(error.get("code") or f"http_{status}"), str(error["message"]), error.get("detail"))
+    text = (response.text or "").strip()
+    message = text[:200] if text and not text.startswith("<") else (response.reason or "error")
+    return ApiError(status, f"http_{status}", message)
+
+
+def _short(exc: BaseException) -> str:
+    """requests' connection errors nest urllib3 reprs; the last line is the useful part."""
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,221 @@
+"""`muninn-worker register | run | probe`.
+
+Settings come from CLI flag > environment variable > config file > default. A mistake the user can fix
+(bad flag, no registered device, unreadable config) exits 2 with one sentence; a refusal by the server exits
+1; Ctrl-C exits 130. Heavy imports (torch) happen after parsing, so flag errors answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from muninn_worker import __version__
+from muninn_worker.config import (
+    ENV_CACHE_DIR,
+    ENV_SERVER,
+    ENV_TOKEN,
+    ConfigError,
+    config_path,
+    default_cache_dir,
+    first_set,
+    load_config,
+    save_config,
+)
+
+if TYPE_CHECKING:
+    from muninn_worker.api import ApiClient
+
+__all__ = ["main"]
+
+PROG = "muninn-worker"
+NO_DEVICE = f"no device registered: run `{PROG} register --server URL --token T` first"
+
+log = logging.getLogger("muninn_worker")
+
+
+class _Exit(Exception):
+    """Stop with a one-sentence message and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's default prints the whole usage block; one sentence is easier to act on.
+        self.exit(2, f"{PROG}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command is None:
+        print(f"{PROG}: error: choose a command: register, run or probe (see `{PROG} --help`)", file=sys.stderr)
+        return 2
+    _configure_logging()
+    try:
+        return args.handler(args)
+    except _Exit as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.code
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted; a unit in progress goes back to the queue when its lease expires",
+              file=sys.stderr)
+        return 130
+
+
+# ----------------------------------------------------------------------------------------- commands
+
+
+def _cmd_register(args: argparse.Namespace) -> int:
+    path = config_path(args.config)
+    config = load_config(path)
+    server = _require(first_set(args.server, os.environ.get(ENV_SERVER), config.server),
+                      f"no server: pass --server URL or set {ENV_SERVER}")
+    token = _require(first_set(args.token, os.environ.get(ENV_TOKEN)),
+                     f"no account token: pass --token T (from your account page) or set {ENV_TOKEN}")
+    name = first_set(args.name, config.name) or socket.gethostname()
+    client = _client(server, account_token=token)
+
+    # torch-heavy imports only now that the flags are good
+    from muninn_worker.api import ApiError
+    from muninn_worker.probe import probe_device
+
+    log.info("probing this device…")
+    capabilities = probe_device(quick=True)
+    try:
+        answer = client.register_device(name, capabilities)
+    except ApiError as exc:
+        raise _Exit(f"registration failed: {exc}", 1) from None
+
+    config.server = client.server_url
+    config.device_token = answer["device_token"]
+    config.device_id = answer["device_id"]
+    config.name = answer.get("name") or name
+    save_config(config, path)
+    print(f"registered device {config.device_id} ({config.name}) with {config.server}; config saved to {path}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(config_path(args.config))
+    if not config.device_token:
+        raise _Exit(NO_DEVICE, 2)
+    server = _require(first_set(args.server, os.environ.get(ENV_SERVER), config.server),
+                      f"no server: pass --server URL or set {ENV_SERVER}")
+    cache_dir = first_set(args.cache_dir, os.environ.get(ENV_CACHE_DIR), config.cache_dir) or str(default_cache_dir())
+    client = _client(server, device_token=config.device_token)
+
+    from muninn_worker.runner import DeviceRejected, run
+
+    log.info("muninn-worker %s: device %s on %s, cache %s", __version__, config.device_id, client.server_url,
+             cache_dir)
+    try:
+        run(client, cache_dir=cache_dir, max_units=args.max_units, exit_when_idle=args.exit_when_idle,
+            poll_interval=args.poll_interval, threads=args.threads)
+    except DeviceRejected as exc:
+        raise _Exit(str(exc), 1) from None
+    return 0
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from muninn_worker.probe import probe_device
+
+    print(json.dumps(probe_device(quick=False), indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _require(value: str | None, message: str) -> str:
+    if not value:
+        raise _Exit(message, 2)
+    return value
+
+
+def _client(server: str, **tokens: str) -> ApiClient:
+    from muninn_worker.api import ApiClient
+
+    try:
+        return ApiClient(server, on_retry=_log_retry, **tokens)
+    except ValueError as exc:
+        raise _Exit(str(exc), 2) from None
+
+
+def _log_retry(attempt: int, delay: float, reason: str) -> None:
+    log.warning("request failed (%s); retry %d in %.1f s", reason, attempt, delay)
+
+
+def _configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Train pieces of Muninn jobs on this machine and earn HU.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{register,run,probe}")
+
+    register = commands.add_parser("register", help="register this device with your account token")
+    register.add_argument("--server", help=f"site URL, e.g. https://muninn.example (env {ENV_SERVER})")
+    register.add_argument("--token", help=f"your account API token (env {ENV_TOKEN})")
+    register.add_argument("--name", help="device name shown on the site (default: host name)")
+    register.add_argument("--config", help="config file (env MUNINN_WORKER_CONFIG)")
+    register.set_defaults(handler=_cmd_register)
+
+    run = commands.add_parser("run", help="claim and train work units until stopped")
+    run.add_argument("--server", help=f"site URL (env {ENV_SERVER}; default: the registered one)")
+    run.add_argument("--config", help="config file (env MUNINN_WORKER_CONFIG)")
+    run.add_argument("--max-units", type=_positive_int, help="stop after this many units")
+    run.add_argument("--exit-when-idle", type=_seconds, metavar="SECONDS",
+                     help="exit 0 after this long without work (default: run forever)")
+    run.add_argument("--poll-interval", type=_positive_seconds, default=1.0, metavar="S",
+                     help="first wait after an empty claim; doubles up to 5 s (default 1)")
+    run.add_argument("--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)")
+    run.add_argument("--cache-dir", help=f"download cache (env {ENV_CACHE_DIR}; default ~/.cache/muninn-worker)")
+    run.set_defaults(handler=_cmd_run)
+
+    probe = commands.add_parser("probe", help="print this device's capabilities as JSON")
+    probe.set_defaults(handler=_cmd_probe)
+    return parser

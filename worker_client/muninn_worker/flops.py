@@ -1,0 +1,85 @@
+"""How much work a unit is: FLOPs counted by torch, and a peak-memory estimate.
+
+The site prices jobs and credits contributors from these numbers (1 HU = 1e16 FLOPs), so they are
+counted, not guessed: `FlopCounterMode` records the matmuls of one real forward + backward pass.
+Element-wise ops (ReLU, the normalisation, the optimizer step) are not counted; they are small next to the
+matmuls and counting them the same way on both sides is what matters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from muninn_worker.zoo import build_model, get_template
+
+__all__ = ["flops_per_sample", "unit_flops", "peak_memory_bytes"]
+
+
+def flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
+    """Training FLOPs for one sample: one forward + backward of a `batch_size` batch, divided, rounded up."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(template, model_config)
+    inputs, targets = get_template(template).example_batch(model_config, batch_size)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.enable_grad():  # the caller may be inside no_grad; backward must still run
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+    return math.ceil(counter.get_total_flops() / batch_size)
+
+
+def unit_flops(flops_per_sample: int, samples: int, epochs: int) -> int:
+    """FLOPs of a work unit: every sample of the shard, once per local epoch."""
+    if min(flops_per_sample, samples, epochs) < 0:
+        raise ValueError("flops_per_sample, samples and epochs must not be negative")
+    return int(flops_per_sample) * int(samples) * int(epochs)
+
+
+def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int:
+    """Estimated peak training memory in bytes (an estimate for routing units to devices, not a measurement).
+
+        peak = e * (3 * P + B) + e * 2 * batch_size * A
+
+    with e the bytes per element (4 for float32), P the number of trainable parameters (held three times:
+    weights, gradients, SGD momentum buffer), B the number of buffer elements (e.g. the normalisation), and A
+    the activation elements per sample: the input counted twice (raw and normalised) plus the output of every
+    leaf module. Activations are counted twice because backward holds a gradient of the same size next to
+    each saved activation. The model is built on the meta device, so this allocates nothing.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+    with torch.device("meta"):
+        model = build_model(template, model_config)
+    inputs, _ = get_template(template).example_batch(model_config, 1)
+    element = next(model.parameters()).element_size()
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    buffers = sum(b.numel() for b in model.buffers())
+    activations = 2 * inputs.numel() + _leaf_output_elements(model, inputs.to("meta"))
+    return element * (3 * params + buffers) + element * 2 * batch_size * activations
+
+
+def _leaf_output_elements(model: nn.Module, inputs: torch.Tensor) -> int:
+    """Sum of the output sizes of all leaf modules for one forward pass of `inputs`."""
+    total = 0
+
+    def count(_module: nn.Module, _args: object, output: object) -> None:
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel()
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total

@@ -1,0 +1,345 @@
+"""The work loop: claim → download → train → upload → repeat.
+
+Nothing a single unit does can stop the loop: a lost lease, a refused result or a broken download is logged
+and the worker asks for the next unit. Only a rejected device token (the device was removed or the token
+revoked) ends it, because every further request would be refused too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import torch
+
+from muninn_worker.api import ApiClient, ApiError, NetworkError
+from muninn_worker.cache import ContentCache
+from muninn_worker.receipt import build_receipt, utc_now_iso
+from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
+from muninn_worker.training import TrainResult, train_local
+from muninn_worker.zoo import build_model
+
+__all__ = ["run", "RunStats", "DeviceRejected"]
+
+log = logging.getLogger("muninn_worker")
+
+MAX_IDLE_DELAY = 5.0
+DEFAULT_CACHE_MAX_BYTES = 2 * 1024**3
+_BIG_BODY = 8 * 1024**2  # downloads at least this big get progress lines
+
+
+class DeviceRejected(Exception):
+    """The site refuses this device's token (401/403): register again."""
+
+
+class _LeaseLost(Exception):
+    """The heartbeat learned that the unit is no longer ours; stop working on it."""
+
+
+@dataclass
+class RunStats:
+    units: int = 0
+    accepted: int = 0
+    failed: int = 0
+    credited_hu: Decimal = Decimal(0)
+
+
+def run(
+    client: ApiClient,
+    *,
+    cache_dir: str | os.PathLike[str],
+    max_units: int | None = None,
+    exit_when_idle: float | None = None,
+    poll_interval: float = 1.0,
+    threads: int | None = None,
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
+    sleep: Callable[[float], Any] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> RunStats:
+    """Work until `max_units` units were handled or no work came for `exit_when_idle` seconds (None: forever)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    cache = ContentCache(cache_dir)
+    stats = RunStats()
+    idle = _IdleBackoff(poll_interval, max(poll_interval, MAX_IDLE_DELAY))
+    idle_since = clock()
+    while max_units is None or stats.units < max_units:
+        unit = _claim(client)
+        if unit is None:
+            waited = clock() - idle_since
+            if exit_when_idle is not None and waited >= exit_when_idle:
+                log.info("no work for %.0f s; exiting", waited)
+                break
+            delay = idle.next_delay()
+            sleep(delay if exit_when_idle is None else min(delay, exit_when_idle - waited))
+            continue
+        idle.reset()
+        ok = _work_on_unit(client, unit, cache, stats)
+        stats.units += 1
+        cache.prune(cache_max_bytes)
+        idle_since = clock()
+        if not ok:
+            sleep(poll_interval)  # a unit that failed here may fail again; do not hammer the site
+    log.info("done: %d unit(s), %d accepted, %s HU credited", stats.units, stats.accepted,
+             format(stats.credited_hu, "f"))
+    return stats
+
+
+# ------------------------------------------------------------------------------------------- steps
+
+
+def _claim(client: ApiClient) -> dict | None:
+    try:
+        return client.claim()
+    except NetworkError as exc:
+        log.warning("%s; will try again", exc)
+    except ApiError as exc:
+        if exc.status in (401, 403):
+            raise DeviceRejected(
+                f"the server refuses this device ({exc.message}); run `muninn-worker register` again"
+            ) from None
+        log.warning("claim failed: %s", exc)
+    return None
+
+
+def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: RunStats) -> bool:
+    """Do one unit end to end; True when the site accepted the result. Never raises for a unit's failure."""
+    unit_id = unit.get("id", "?")
+    try:
+        spec = _UnitSpec.from_claim(unit)
+        log.info("claimed unit %s job %s round %s (%d samples)", spec.id, spec.job, spec.round, spec.samples)
+        with _Heartbeat(client, spec.id, _lease_seconds(unit.get("lease_expires_at"))) as heartbeat:
+            weights, shard = _download_inputs(client, spec, cache)
+            result = _train(spec, weights, shard, heartbeat)
+            heartbeat.check()
+            answer = _upload(client, spec, unit, result)
+        _record(answer, spec.id, stats)
+        return True
+    except KeyboardInterrupt:
+        log.warning("interrupted during unit %s; its lease will expire on the server", unit_id)
+        raise
+    except _LeaseLost as exc:
+        log.warning("unit %s: lease lost (%s); moving on", unit_id, exc)
+    except NetworkError as exc:
+        log.warning("unit %s: %s; giving it up", unit_id, exc)
+    except ApiError as exc:
+        if exc.status == 409:
+            log.warning("unit %s: lease lost or unit already done (%s); moving on", unit_id, exc.message)
+        else:
+            log.error("unit %s: the server refused it: %s", unit_id, exc)
+    except (ValueError, RuntimeError) as exc:  # bad bytes, wrong shapes, unknown template, torch errors
+        log.error("unit %s failed: %s", unit_id, exc)
+    stats.failed += 1
+    return False
+
+
+def _download_inputs(client: ApiClient, spec: _UnitSpec, cache: ContentCache) -> tuple[bytes, bytes]:
+    wanted = {"weights": spec.weights_sha256, "shard": spec.shard_sha256}
+    missing = [kind for kind, sha in wanted.items() if not cache.path_for(sha).exists()]
+    if missing:
+        log.info("unit %s: downloading %s…", spec.id, " and ".join(missing))
+    else:
+        log.info("unit %s: weights and shard already cached", spec.id)
+    weights = client.download(spec.id, "weights", spec.weights_sha256, cache.root,
+                              progress=_progress(spec.id, "weights"))
+    shard = client.download(spec.id, "shard", spec.shard_sha256, cache.root, progress=_progress(spec.id, "shard"))
+    log.info("unit %s: weights %s, shard %s", spec.id, _mb(len(weights)), _mb(len(shard)))
+    return weights, shard
+
+
+def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat) -> TrainResult:
+    model = build_model(spec.template, spec.model_config)
+    incoming = bytes_to_state_dict(weights)
+    _check_dtypes(model.state_dict(), incoming)
+    model.load_state_dict(incoming, strict=True)  # strict: missing/extra keys and wrong shapes raise
+    X, y = bytes_to_shard(shard)
+    if X.shape[0] != spec.samples:
+        raise ValueError(f"the shard has {X.shape[0]} samples but the unit says {spec.samples}")
+
+    def progress(epoch: int, epochs: int, loss: float) -> None:
+        log.info("unit %s: epoch %d/%d loss %.4f", spec.id, epoch, epochs, loss)
+        heartbeat.check()  # abort early rather than finish work nobody will accept
+
+    spec.started_at = utc_now_iso()
+    result = train_local(model, X, y, epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
+                         momentum=spec.momentum, seed=spec.seed, progress=progress)
+    spec.finished_at = utc_now_iso()
+    log.info("unit %s: trained %d steps in %.2f s, loss %.4f → %.4f",
+             spec.id, result.steps, result.train_seconds, result.loss_before, result.loss_after)
+    return result
+
+
+def _upload(client: ApiClient, spec: _UnitSpec, unit: dict, result: TrainResult) -> dict:
+    payload = state_dict_to_bytes(result.state_dict)
+    receipt = build_receipt(unit, result, output_sha256=sha256_hex(payload),
+                            started_at=spec.started_at, finished_at=spec.finished_at)
+    log.info("unit %s: uploading %s…", spec.id, _mb(len(payload)))
+    return client.submit_result(spec.id, payload, receipt)
+
+
+def _check_dtypes(expected: dict[str, torch.Tensor], incoming: dict[str, torch.Tensor]) -> None:
+    """load_state_dict would silently cast; the result must have the global weights' dtypes, so refuse."""
+    for key, tensor in incoming.items():
+        if key in expected and tensor.dtype != expected[key].dtype:
+            raise ValueError(f"global weights {key!r} are {tensor.dtype}, the model expects {expected[key].dtype}")
+
+
+def _record(answer: dict, unit_id: int, stats: RunStats) -> None:
+    status = str(answer.get("status", "accepted"))
+    credited = _decimal(answer.get("credited_hu"))
+    stats.accepted += 1
+    stats.credited_hu += credited
+    log.info("unit %s: uploaded, %s, credited %s HU", unit_id, status, answer.get("credited_hu", "0"))
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class _UnitSpec:
+    """A claimed unit, checked field by field so a malformed answer fails with a sentence, not KeyError."""
+
+    id: int
+    job: int
+    round: int
+    template: str
+    model_config: dict
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    seed: int
+    weights_sha256: str
+    shard_sha256: str
+    samples: int
+    started_at: str = ""
+    finished_at: str = ""
+
+    @classmethod
+    def from_claim(cls, unit: dict) -> _UnitSpec:
+        train = unit.get("train")
+        if not isinstance(train, dict) or not isinstance(unit.get("model_config"), dict):
+            raise ValueError("malformed unit from the server: 'train' and 'model_config' must be objects")
+        try:
+            return cls(
+                id=_int(unit["id"]), job=_int(unit["job"]), round=_int(unit["round"]),
+                template=str(unit["template"]), model_config=unit["model_config"],
+                epochs=_int(train["epochs"]), batch_size=_int(train["batch_size"]),
+                lr=float(train["lr"]), momentum=float(train["momentum"]), seed=_int(train["seed"]),
+                weights_sha256=str(unit["weights_sha256"]), shard_sha256=str(unit["shard_sha256"]),
+                samples=_int(unit["samples"]),
+            )
+        except KeyError as exc:
+            raise ValueError(f"malformed unit from the server: missing {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"malformed unit from the server: {exc}") from None
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+class _Heartbeat:
+    """Extends the lease every lease/3 seconds from a daemon thread while the unit is being worked on."""
+
+    def __init__(self, client: ApiClient, unit_id: int, lease_seconds: float) -> None:
+        self._client = client
+        self._unit_id = unit_id
+        self._interval = _interval_for(lease_seconds)
+        self._stop = threading.Event()
+        self._lost: str | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{unit_id}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)  # a heartbeat stuck in retries must not hold up the next unit
+
+    def check(self) -> None:
+        if self._lost is not None:
+            raise _LeaseLost(self._lost)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                answer = self._client.heartbeat(self._unit_id)
+            except ApiError as exc:
+                if exc.status in (404, 409):
+                    self._lost = exc.message
+                    return
+                log.warning("unit %s: heartbeat failed: %s", self._unit_id, exc)
+                continue
+            self._interval = _interval_for(_lease_seconds(answer.get("lease_expires_at")))
+
+
+def _lease_seconds(expires_at: Any, default: float = 30.0) -> float:
+    """Seconds left on a lease from its ISO 8601 expiry (our clock vs the site's: skew is possible)."""
+    try:
+        expiry = datetime.fromisoformat(str(expires_at).replace("Z", "+00:00"))
+    except ValueError:
+        return default
+    if expiry.tzinfo is None:
+        expiry = expiry.replace(tzinfo=timezone.utc)
+    left = (expiry - datetime.now(timezone.utc)).total_seconds()
+    return left if left > 0 else default  # already past: our clock is ahead of the site's, so guess
+
+
+def _interval_for(lease_seconds: float) -> float:
+    # A third of the lease leaves two more chances if one heartbeat is lost; clamped against clock skew.
+    return min(60.0, max(0.5, lease_seconds / 3))
+
+
+class _IdleBackoff:
+    """Sleep poll_interval after the first empty claim, doubling up to `cap`, with ±20 % jitter."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self._first = first
+        self._cap = cap
+        self._delay = first
+
+    def next_delay(self) -> float:
+        delay = self._delay
+        self._delay = min(self._cap, self._delay * 2)
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._delay = self._first
+
+
+def _progress(unit_id: int, kind: str) -> Callable[[int, int | None], None]:
+    """Log big downloads at each quarter; small ones stay quiet."""
+    last = [0]
+
+    def report(done: int, total: int | None) -> None:
+        if total is None or total < _BIG_BODY:
+            return
+        quarter = done * 4 // total
+        if quarter > last[0]:
+            last[0] = quarter
+            log.info("unit %s: %s %d%% of %s", unit_id, kind, quarter * 25, _mb(total))
+
+    return report
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.2f} MB"
+
+
+def _decimal(value: Any) -> Decimal:
+    try:
+        return Decimal(str(value)) if value is not None else Decimal(0)
+    except InvalidOperation:
+        return Decimal(0)

@@ -1,0 +1,116 @@
+"""Weights and shards on the wire: safetensors only.
+
+Anything that comes from the other side of the trust boundary is parsed with `safetensors.torch.load`,
+which cannot run code. `torch.load`/pickle are never used, and bytes that look like a pickle or a
+`torch.save` archive are refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import torch
+from safetensors.torch import load as _st_load
+from safetensors.torch import save as _st_save
+from torch import Tensor
+
+__all__ = [
+    "NotSafetensors",
+    "BadShard",
+    "state_dict_to_bytes",
+    "bytes_to_state_dict",
+    "shard_to_bytes",
+    "bytes_to_shard",
+    "sha256_hex",
+]
+
+# A safetensors header is JSON; anything claiming a bigger one is garbage, not a model.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class NotSafetensors(ValueError):
+    """The bytes are not a safetensors file (a pickle, a torch.save archive, truncated data, ...)."""
+
+
+class BadShard(ValueError):
+    """A shard is safetensors but not the X (float32 2-d) / y (int64 1-d) pair the protocol describes."""
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def state_dict_to_bytes(sd: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """Serialise a state_dict to safetensors bytes (the same tensors always give the same bytes)."""
+    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise TypeError("safetensors metadata must map str to str")
+    return _st_save(_plain_tensors(sd), metadata=metadata)
+
+
+def bytes_to_state_dict(data: bytes) -> dict[str, Tensor]:
+    """Parse safetensors bytes into CPU tensors; raise NotSafetensors for anything else."""
+    _check_header(data)
+    try:
+        return _st_load(bytes(data))
+    except Exception as exc:  # safetensors raises its own SafetensorError and sometimes others
+        raise NotSafetensors(f"not a valid safetensors file: {exc}") from None
+
+
+def shard_to_bytes(X: Tensor, y: Tensor) -> bytes:
+    """A training shard as the protocol sends it: X float32 [samples, features], y int64 [samples]."""
+    return state_dict_to_bytes({"X": X.to(torch.float32), "y": y.to(torch.int64)})
+
+
+def bytes_to_shard(data: bytes) -> tuple[Tensor, Tensor]:
+    tensors = bytes_to_state_dict(data)
+    if set(tensors) != {"X", "y"}:
+        raise BadShard(f"a shard holds exactly the tensors X and y (got {sorted(tensors)})")
+    X, y = tensors["X"], tensors["y"]
+    if X.dtype != torch.float32 or X.ndim != 2 or y.dtype != torch.int64 or y.ndim != 1:
+        raise BadShard(
+            f"a shard needs X float32 2-d and y int64 1-d (got X {X.dtype} {tuple(X.shape)}, "
+            f"y {y.dtype} {tuple(y.shape)})"
+        )
+    if X.shape[0] != y.shape[0]:
+        raise BadShard(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels")
+    return X, y
+
+
+def _plain_tensors(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Detached, contiguous CPU tensors that share no storage (safetensors refuses shared storage)."""
+    out: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    for key, value in sd.items():
+        if not isinstance(key, str) or not isinstance(value, Tensor):
+            raise TypeError(f"state_dict entries must be str -> Tensor (got {key!r}: {type(value).__name__})")
+        tensor = value.detach().to("cpu").contiguous()
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in seen and tensor.numel() > 0:
+            tensor = tensor.clone()
+        seen.add(pointer)
+        out[key] = tensor
+    return out
+
+
+def _check_header(data: bytes) -> None:
+    """Refuse obvious non-safetensors early, with a message that says what the bytes look like."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise NotSafetensors(f"expected bytes, got {type(data).__name__}")
+    head = bytes(data[:8])
+    if head.startswith(b"PK\x03\x04"):
+        raise NotSafetensors("this is a zip archive (torch.save format), not safetensors; refusing to unpickle")
+    if head[:1] == b"\x80" and head[1:2] in {bytes([p]) for p in range(2, 6)}:
+        raise NotSafetensors("this is a Python pickle, not safetensors; refusing to unpickle")
+    if len(data) < 8:
+        raise NotSafetensors(f"not safetensors: only {len(data)} bytes")
+    (header_len,) = struct.unpack("<Q", head)
+    if header_len == 0 or header_len > min(_MAX_HEADER_BYTES, len(data) - 8):
+        raise NotSafetensors("not safetensors: the header length does not fit the data")
+    try:
+        header = json.loads(bytes(data[8 : 8 + header_len]))
+    except (UnicodeDecodeError, ValueError):
+        raise NotSafetensors("not safetensors: the header is not JSON") from None
+    if not isinstance(header, dict):
+        raise NotSafetensors("not safetensors: the header is not a JSON object")

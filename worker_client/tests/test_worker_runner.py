@@ -1,0 +1,165 @@
+"""The work loop end to end against the fake site."""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime
+
+import pytest
+import torch
+from conftest import MODEL_CONFIG
+
+from muninn_worker.api import ApiClient
+from muninn_worker.runner import DeviceRejected, run
+from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
+from muninn_worker.training import train_local
+from muninn_worker.zoo import build_model, init_state
+
+
+def _run(site, tmp_path, **kwargs):
+    client = ApiClient(site.url, device_token=site.device_token, attempts=2, retry_sleep=lambda s: None)
+    kwargs.setdefault("exit_when_idle", 0)
+    return run(client, cache_dir=tmp_path / "cache", poll_interval=0.01, **kwargs)
+
+
+def test_runner_trains_one_unit_and_submits_a_matching_receipt(fake_site, tmp_path, caplog):
+    unit = fake_site.add_unit(unit_id=42, samples=479, seed=1234, epochs=2)
+    caplog.set_level(logging.INFO, logger="muninn_worker")
+
+    stats = _run(fake_site, tmp_path)
+
+    assert (stats.units, stats.accepted, stats.failed) == (1, 1, 0)
+    [posted] = fake_site.results
+    receipt = posted["receipt"]
+    assert receipt["unit"] == 42
+    assert receipt["output_sha256"] == sha256_hex(posted["weights"])
+    assert receipt["weights_sha256"] == sha256_hex(unit.weights)
+    assert receipt["shard_sha256"] == sha256_hex(unit.shard)
+    assert receipt["samples"] == 479 and receipt["steps"] == 2 * math.ceil(479 / 32)
+    assert receipt["loss_after"] < receipt["loss_before"]
+    assert receipt["train_seconds"] > 0
+    assert datetime.fromisoformat(receipt["started_at"]) <= datetime.fromisoformat(receipt["finished_at"])
+    assert receipt["finished_at"].endswith("Z")
+
+    sent, initial = bytes_to_state_dict(posted["weights"]), bytes_to_state_dict(unit.weights)
+    assert {k: (v.shape, v.dtype) for k, v in sent.items()} == {k: (v.shape, v.dtype) for k, v in initial.items()}
+    assert "claimed unit 42 job 3 round 2 (479 samples)" in caplog.text
+    assert "epoch 2/2 loss" in caplog.text and "accepted, credited 0.0000001234 HU" in caplog.text
+
+
+def test_runner_result_is_what_the_site_gets_by_re_executing_the_unit(fake_site, tmp_path):
+    unit = fake_site.add_unit(seed=99)
+
+    _run(fake_site, tmp_path)
+
+    model = build_model("mlp", MODEL_CONFIG)
+    model.load_state_dict(bytes_to_state_dict(unit.weights))
+    X, y = bytes_to_shard(unit.shard)
+    expected = train_local(model, X, y, seed=99, **{k: v for k, v in unit.train.items() if k != "seed"})
+    sent = bytes_to_state_dict(fake_site.results[0]["weights"])
+    assert all(torch.equal(sent[k], expected.state_dict[k]) for k in sent)
+
+
+def test_runner_stops_after_max_units(fake_site, tmp_path):
+    for unit_id in (1, 2, 3):
+        fake_site.add_unit(unit_id=unit_id, samples=64)
+
+    stats = _run(fake_site, tmp_path, max_units=2, exit_when_idle=None)
+
+    assert stats.units == 2 and [r["unit"] for r in fake_site.results] == [1, 2]
+
+
+def test_runner_downloads_shared_weights_once(fake_site, tmp_path):
+    fake_site.add_unit(unit_id=1, samples=64)
+    fake_site.add_unit(unit_id=2, samples=64)  # same global weights, same shard
+
+    stats = _run(fake_site, tmp_path)
+
+    assert stats.accepted == 2
+    assert fake_site.gets("/weights") == 1 and fake_site.gets("/shard") == 1
+
+
+def test_conflict_on_submit_is_logged_and_the_loop_goes_on(fake_site, tmp_path, caplog):
+    fake_site.add_unit(unit_id=1, samples=64)
+    fake_site.add_unit(unit_id=2, samples=64)
+    fake_site.result_status = 409
+
+    stats = _run(fake_site, tmp_path)
+
+    assert (stats.units, stats.accepted, stats.failed) == (2, 0, 2)
+    assert "lease lost or unit already done" in caplog.text
+
+
+def test_rejected_result_is_logged_with_the_server_message(fake_site, tmp_path, caplog):
+    fake_site.add_unit(samples=64)
+    fake_site.result_status = 400
+
+    stats = _run(fake_site, tmp_path)
+
+    assert stats.failed == 1 and "Weights have the wrong shapes." in caplog.text
+
+
+def test_heartbeats_keep_the_lease_during_a_slow_download(fake_site, tmp_path):
+    fake_site.add_unit(samples=64, lease_seconds=1.5)  # heartbeat every 0.5 s
+    fake_site.download_delay = 0.7
+
+    stats = _run(fake_site, tmp_path)
+
+    assert stats.accepted == 1 and fake_site.heartbeats >= 1
+
+
+def test_lost_lease_skips_the_upload(fake_site, tmp_path, caplog):
+    fake_site.add_unit(samples=64, lease_seconds=1.5)
+    fake_site.download_delay = 0.7
+    fake_site.heartbeat_status = 409
+
+    stats = _run(fake_site, tmp_path)
+
+    assert stats.failed == 1 and fake_site.results == []
+    assert "lease lost" in caplog.text
+
+
+def test_corrupt_download_fails_the_unit_not_the_loop(fake_site, tmp_path, caplog):
+    fake_site.add_unit(samples=64)
+    fake_site.corrupt_downloads = True
+
+    stats = _run(fake_site, tmp_path)
+
+    assert stats.failed == 1 and "expected" in caplog.text
+
+
+def test_idle_worker_backs_off_and_exits_when_idle(fake_site, tmp_path):
+    sleeps: list[float] = []
+    client = ApiClient(fake_site.url, device_token=fake_site.device_token, attempts=1)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    stats = run(client, cache_dir=tmp_path, exit_when_idle=20, poll_interval=1.0, sleep=sleep, clock=lambda: now[0])
+
+    assert stats.units == 0
+    assert 0.8 <= sleeps[0] <= 1.2 and 1.6 <= sleeps[1] <= 2.4
+    assert max(sleeps) <= 6.0  # capped at ~5 s plus jitter
+    assert now[0] == pytest.approx(20)
+
+
+def test_revoked_device_token_stops_the_worker(fake_site, tmp_path):
+    client = ApiClient(fake_site.url, device_token=fake_site.device_token, attempts=1)
+    fake_site.device_token = "a-new-token"  # the site no longer knows ours
+
+    with pytest.raises(DeviceRejected, match="register"):
+        run(client, cache_dir=tmp_path, exit_when_idle=0)
+
+
+def test_weights_that_do_not_fit_the_model_fail_the_unit_not_the_loop(fake_site, tmp_path, caplog):
+    unit = fake_site.add_unit(unit_id=1, samples=64)
+    unit.weights = state_dict_to_bytes(init_state("mlp", {**MODEL_CONFIG, "hidden": [8]}, 0))
+    fake_site.add_unit(unit_id=2, samples=64)
+
+    stats = _run(fake_site, tmp_path)
+
+    assert (stats.units, stats.accepted, stats.failed) == (2, 1, 1)
+    assert "unit 1 failed" in caplog.text and "size mismatch" in caplog.text

@@ -1,0 +1,91 @@
+"""Weights on the wire are safetensors only; pickles are refused, never loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+
+import pytest
+import torch
+
+from muninn_worker.tensors import (
+    BadShard,
+    NotSafetensors,
+    bytes_to_shard,
+    bytes_to_state_dict,
+    sha256_hex,
+    shard_to_bytes,
+    state_dict_to_bytes,
+)
+from muninn_worker.zoo import init_state
+
+CONFIG = {"in_features": 5, "num_classes": 3, "hidden": [4]}
+
+
+def test_state_dict_roundtrips_exactly():
+    state = init_state("mlp", CONFIG, seed=3)
+
+    loaded = bytes_to_state_dict(state_dict_to_bytes(state, metadata={"job": "3"}))
+
+    assert loaded.keys() == state.keys()
+    for key in state:
+        assert loaded[key].dtype == state[key].dtype and torch.equal(loaded[key], state[key])
+
+
+def test_same_tensors_give_the_same_bytes():
+    assert state_dict_to_bytes(init_state("mlp", CONFIG, 1)) == state_dict_to_bytes(init_state("mlp", CONFIG, 1))
+
+
+def test_tied_tensors_are_serialised():
+    weight = torch.ones(2, 2)
+
+    loaded = bytes_to_state_dict(state_dict_to_bytes({"a": weight, "b": weight}))
+
+    assert torch.equal(loaded["a"], loaded["b"])
+
+
+@pytest.mark.parametrize("payload", [
+    pickle.dumps({"weight": [1.0, 2.0]}),
+    pickle.dumps({"weight": torch.ones(2)}, protocol=2),
+], ids=["pickle", "pickle-protocol-2"])
+def test_pickle_is_refused(payload):
+    with pytest.raises(NotSafetensors, match="pickle"):
+        bytes_to_state_dict(payload)
+
+
+def test_torch_save_archive_is_refused():
+    buffer = io.BytesIO()
+    torch.save({"weight": torch.ones(2)}, buffer)
+
+    with pytest.raises(NotSafetensors, match="torch.save"):
+        bytes_to_state_dict(buffer.getvalue())
+
+
+@pytest.mark.parametrize("payload", [b"", b"hello", b"\xff" * 64, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}xxxxx"])
+def test_garbage_is_refused(payload):
+    with pytest.raises(NotSafetensors):
+        bytes_to_state_dict(payload)
+
+
+def test_truncated_safetensors_is_refused():
+    data = state_dict_to_bytes(init_state("mlp", CONFIG, 1))
+
+    with pytest.raises(NotSafetensors):
+        bytes_to_state_dict(data[:-10])
+
+
+def test_shard_roundtrip_and_validation():
+    X, y = torch.randn(6, 5), torch.arange(6) % 3
+
+    X2, y2 = bytes_to_shard(shard_to_bytes(X, y))
+
+    assert torch.equal(X2, X) and torch.equal(y2, y) and y2.dtype == torch.int64
+    with pytest.raises(BadShard, match="rows"):
+        bytes_to_shard(state_dict_to_bytes({"X": X, "y": y[:5]}))
+    with pytest.raises(BadShard, match="exactly"):
+        bytes_to_shard(state_dict_to_bytes({"X": X}))
+
+
+def test_sha256_hex_matches_hashlib():
+    assert sha256_hex(b"muninn") == hashlib.sha256(b"muninn").hexdigest()
