@@ -7,6 +7,7 @@ from accounts.permissions import IsCustomer
 from jobs import selectors as job_selectors
 from jobs import services as job_services
 from jobs.api import parse_choice
+from jobs.hu import hu_str
 
 from . import money, selectors
 
@@ -30,7 +31,7 @@ class EstimateView(APIView):
         price = money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True)
         return Response({
             "template": choice["template"], "hparams": plan.hparams, "rounds": choice["rounds"],
-            "flops": est.flops_total, "flops_per_round": est.flops_per_round, "hu": str(est.hu),
+            "flops": est.flops_total, "flops_per_round": est.flops_per_round, "hu": hu_str(est.hu),
             "price": _money(price), "price_per_hu": str(settings.MUNINN_PRICE_PER_HU),
             "peak_memory_bytes": est.peak_memory_bytes,
         })
@@ -56,5 +57,5 @@ class JobChargesView(APIView):
         m = selectors.job_money(job=job)
         return Response({"job": job.pk, "quoted": _money(m["quoted"]), "charged": _money(m["charged"]),
                          "released": _money(m["released"]), "held": _money(m["held"]),
-                         "hu_estimated": str(job.hu_estimated),
-                         "hu_charged": str(money.flops_to_hu(m["flops_charged"]))})
+                         "hu_estimated": hu_str(job.hu_estimated),
+                         "hu_charged": hu_str(money.flops_to_hu(m["flops_charged"]))})

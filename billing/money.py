@@ -22,6 +22,13 @@ def price_for_flops(flops: int, price_per_hu: Decimal, *, round_up: bool) -> int
     return int(exact.to_integral_value(rounding=ROUND_CEILING if round_up else ROUND_FLOOR))
 
 
+def step_price(flops_before: int, flops: int, price_per_hu: Decimal) -> int:
+    """The price of `flops` more work after `flops_before` already charged: the step in the cumulative
+    price, so sub-nano remainders carry over between units and the steps add up to the price of the whole."""
+    return (price_for_flops(flops_before + flops, price_per_hu, round_up=False)
+            - price_for_flops(flops_before, price_per_hu, round_up=False))
+
+
 def split_charge(amount: int, contributor_share: Decimal) -> tuple[int, int]:
     """(contributor, platform) parts of a charge. The platform's fee rounds down: rounding favours the
     person who did the work."""

@@ -21,15 +21,19 @@ def job_hold_remaining(*, job) -> int:
     ).aggregate(s=Sum("amount"))["s"] or 0
 
 
+def job_flops_charged(*, job) -> int:
+    return Transaction.objects.filter(job=job, kind=Transaction.Kind.CHARGE).aggregate(f=Sum("flops"))["f"] or 0
+
+
 def job_money(*, job) -> dict[str, int]:
     """What the job was quoted (held), charged so far, released back, and still holds, from the entries on
     the customer's held account that carry this job."""
     rows = (Entry.objects.filter(transaction__job=job, account__kind=Account.Kind.CUSTOMER_HELD)
             .values("transaction__kind").annotate(s=Sum("amount")))
     by_kind = {row["transaction__kind"]: row["s"] for row in rows}
-    flops = Transaction.objects.filter(job=job, kind=Transaction.Kind.CHARGE).aggregate(f=Sum("flops"))["f"]
     return {"quoted": by_kind.get("hold", 0), "charged": -by_kind.get("charge", 0),
-            "released": -by_kind.get("release", 0), "held": sum(by_kind.values()), "flops_charged": flops or 0}
+            "released": -by_kind.get("release", 0), "held": sum(by_kind.values()),
+            "flops_charged": job_flops_charged(job=job)}
 
 
 def statement_for(*, user) -> QuerySet[Entry]:

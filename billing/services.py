@@ -84,18 +84,25 @@ def hold_place(*, job) -> Transaction:
 
 def unit_charge(*, unit, contributor) -> Transaction:
     """Charge one verified unit's HU from the job's hold: the contributor's share to their pending earnings,
-    the rest to the platform. Never more than what is left of the hold, never twice for one unit."""
+    the rest to the platform. Never more than what is left of the hold, never twice for one unit.
+
+    A unit is priced as the step in the job's cumulative price (money.step_price), so the job's charges add
+    up to floor(price(all charged FLOPs)), within one nano of the exact price, however small the units."""
     job = unit.round.job
+    key = f"charge:unit:{unit.pk}"
     with transaction.atomic():
-        held = _locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))
-        amount = money.price_for_flops(unit.flops, settings.MUNINN_PRICE_PER_HU, round_up=False)
+        held = _locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))  # serialises a job's charges
+        existing = Transaction.objects.filter(idempotency_key=key).first()
+        if existing:
+            return existing
+        amount = money.step_price(selectors.job_flops_charged(job=job), unit.flops, settings.MUNINN_PRICE_PER_HU)
         remaining = selectors.job_hold_remaining(job=job)
         if amount > remaining:  # cannot happen with floor/ceil rounding; the quote stays a ceiling anyway
             log.warning("unit %s: charge %s capped at the hold's remaining %s", unit.pk, amount, remaining)
             amount = remaining
         to_contributor, fee = money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)
         return ledger_post(
-            key=f"charge:unit:{unit.pk}", kind=Transaction.Kind.CHARGE, job=job, unit=unit, flops=unit.flops,
+            key=key, kind=Transaction.Kind.CHARGE, job=job, unit=unit, flops=unit.flops,
             memo=f"job {job.pk} round {unit.round.number} unit {unit.pk}",
             lines=[(held, -amount),
                    (account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor), to_contributor),

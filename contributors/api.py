@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from accounts.permissions import IsContributor, IsCustomer
 from jobs import selectors as job_selectors
 from jobs import storage
+from jobs.hu import hu_str
 from muninn.errors import InvalidInput, TooLarge
 
 from . import selectors, services
@@ -126,7 +127,7 @@ class ResultView(DeviceView):
             raise InvalidInput(f"receipt.{field}: {errors[0]}", code="bad_receipt", detail=receipt.errors)
         stored = services.result_submit(device=request.auth, unit_id=unit_id, weights=upload.read(),
                                         receipt=receipt.validated_data, max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
-        return Response({"unit": unit_id, "status": stored.status, "credited_hu": str(stored.unit.hu)}, status=201)
+        return Response({"unit": unit_id, "status": stored.status, "credited_hu": hu_str(stored.unit.hu)}, status=201)
 
 
 class JobDevicesView(APIView):

@@ -38,7 +38,7 @@ def main() -> int:
     var = ROOT / "var" / "demo"
     shutil.rmtree(var, ignore_errors=True)
     env = base_env(MUNINN_VAR_DIR=str(var), DATABASE_URL=f"sqlite:///{var / 'muninn.sqlite3'}",
-                   CELERY_BROKER_URL="filesystem://", MEDIA_ROOT=str(var / "media"), DEBUG="1",
+                   CELERY_BROKER_URL="muninnfs://", MEDIA_ROOT=str(var / "media"), DEBUG="1",
                    MUNINN_LEASE_SECONDS="30", LOG_LEVEL="WARNING")
     with Stack(env=env, log_dir=var / "log") as stack:
         stack.manage("migrate", "--noinput")

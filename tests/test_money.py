@@ -4,7 +4,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.money import format_money, price_for_flops, split_charge, to_nanos
+from billing.money import format_money, price_for_flops, split_charge, step_price, to_nanos
 
 
 def test_one_hu_costs_the_price_per_hu():
@@ -39,3 +39,16 @@ def test_unit_charges_never_add_up_to_more_than_the_quote(unit_flops, price):
 def test_split_is_exact_and_never_negative(amount, share):
     to_contributor, fee = split_charge(amount, share)
     assert to_contributor + fee == amount and to_contributor >= 0 and fee >= 0
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=60),
+       st.decimals(min_value=Decimal("0.01"), max_value=Decimal("100"), places=2))
+def test_cumulative_unit_prices_add_up_to_the_price_of_the_whole(unit_flops, price):
+    charged, before = 0, 0
+    for flops in unit_flops:
+        step = step_price(before, flops, price)
+        assert step >= 0
+        charged += step
+        before += flops
+    assert charged == price_for_flops(sum(unit_flops), price, round_up=False)
+    assert charged <= price_for_flops(sum(unit_flops), price, round_up=True) <= charged + 1

@@ -58,6 +58,7 @@ def test_job_trains_to_a_better_model_and_credits_contributors(customer_api, dig
     assert_ledger_consistent(done)
     money = ledger.job_money(job=done)
     assert money["flops_charged"] == done.flops_estimated  # every estimated FLOP was verified work
+    assert money["quoted"] - 1 <= money["charged"] <= money["quoted"]  # the exact price, to the nano
     assert money["held"] == 0 and money["charged"] + money["released"] == money["quoted"]
     assert ledger.balances_for(user=contributor)["contributor_pending"] > 0
 

@@ -3,6 +3,9 @@ import os
 
 from celery import Celery
 
+from .broker import register as register_embedded_broker
+
+register_embedded_broker()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muninn.settings")
 
 app = Celery("muninn")

@@ -126,9 +126,9 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {"TITLE": "Muninn API", "VERSION": "0.1.0"}
 
 # --- Celery ---------------------------------------------------------------------------------------
-# Default: kombu's filesystem transport, a broker that needs no server (one machine only).
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
-if CELERY_BROKER_URL.startswith("filesystem://"):
+# Default: a filesystem transport (muninn/broker.py), a broker that needs no server (one machine only).
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="muninnfs://")
+if CELERY_BROKER_URL.startswith(("muninnfs://", "filesystem://")):
     _broker_dir = VAR_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
