@@ -28,7 +28,7 @@ if [ ! -f "$worker_config" ]; then
   .venv/bin/muninn-worker register --server "$URL" --token "$contributor_token" --name local-worker \
     --config "$worker_config"
 fi
-.venv/bin/muninn-worker run --config "$worker_config" --server "$URL" >var/log/worker-client.log 2>&1 & pids+=($!)
+.venv/bin/muninn-worker run --config "$worker_config" --server "$URL" --cache-dir var/worker-cache >var/log/worker-client.log 2>&1 & pids+=($!)
 
 cat <<MSG
 
