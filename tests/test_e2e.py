@@ -46,26 +46,43 @@ def stack(tmp_path):
         yield running
 
 
-def test_job_runs_end_to_end_over_http_with_real_processes(stack):
+@pytest.fixture
+def market(db) -> tuple[User, User]:
+    """A funded customer and a contributor."""
     staff = accounts.user_create(username="ops", password="ops-pass-123", role=User.Role.STAFF)
     customer = accounts.user_create(username="carol", password="carol-pass-123", role=User.Role.CUSTOMER)
     contributor = accounts.user_create(username="dave", password="dave-pass-123", role=User.Role.CONTRIBUTOR)
     billing.balance_grant(user=customer, amount=money.to_nanos("5"), reason="e2e credit", granted_by=staff)
+    return customer, contributor
+
+
+def customer_session(customer: User) -> requests.Session:
+    api = requests.Session()
+    api.headers["Authorization"] = f"Token {accounts.token_for(user=customer)}"
+    return api
+
+
+def wait_until_ended(api: requests.Session, url: str, job: dict) -> dict:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while job["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = api.get(f"{url}/api/jobs/{job['id']}").json()
+    return job
+
+
+def test_job_runs_end_to_end_over_http_with_real_processes(stack, market):
+    customer, contributor = market
     url = stack.web(free_port())
     stack.celery_worker()
     for name in ("device-1", "device-2"):
         config = stack.register_device(url, accounts.token_for(user=contributor), name)
         stack.worker_client(name, config, "--threads", "1", "--poll-interval", "0.2")
-    api = requests.Session()
-    api.headers["Authorization"] = f"Token {accounts.token_for(user=customer)}"
+    api = customer_session(customer)
 
     dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
     job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 5, "seed": 11,
                                             "start": True}).json()
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while job["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        job = api.get(f"{url}/api/jobs/{job['id']}").json()
+    job = wait_until_ended(api, url, job)
     logs = "\n".join(f"--- {n}\n{stack.log(n)[-3000:]}" for n in ("web", "celery-worker", "device-1", "device-2"))
 
     assert job["status"] == "succeeded", logs
@@ -88,19 +105,15 @@ def test_job_runs_end_to_end_over_http_with_real_processes(stack):
     assert len({r.device_id for r in Receipt.objects.filter(unit__round__job=done, status="accepted")}) == 2
 
 
-def test_worker_client_killed_mid_unit_hands_its_unit_to_another_device(stack):
+def test_worker_client_killed_mid_unit_hands_its_unit_to_another_device(stack, market):
     stack.env["MUNINN_LEASE_SECONDS"] = "4"  # so the dead device's lease runs out quickly
-    staff = accounts.user_create(username="ops", password="ops-pass-123", role=User.Role.STAFF)
-    customer = accounts.user_create(username="erin", password="erin-pass-123", role=User.Role.CUSTOMER)
-    contributor = accounts.user_create(username="frank", password="frank-pass-123", role=User.Role.CONTRIBUTOR)
-    billing.balance_grant(user=customer, amount=money.to_nanos("5"), reason="e2e credit", granted_by=staff)
+    customer, contributor = market
     url = stack.web(free_port())
     stack.celery_worker()
     stack.celery_beat()  # re-queues expired leases
     token = accounts.token_for(user=contributor)
     doomed_config, survivor_config = (stack.register_device(url, token, n) for n in ("doomed", "survivor"))
-    api = requests.Session()
-    api.headers["Authorization"] = f"Token {accounts.token_for(user=customer)}"
+    api = customer_session(customer)
     dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
     # A model big enough that a unit takes a few seconds on one thread: the kill lands mid-training.
     job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 1, "seed": 5,
@@ -115,10 +128,7 @@ def test_worker_client_killed_mid_unit_hands_its_unit_to_another_device(stack):
     killed_unit = Lease.objects.get(device__name="doomed").unit
     assert killed_unit.status == WorkUnit.Status.LEASED  # it died holding the lease, before any upload
     stack.worker_client("survivor", survivor_config, "--threads", "1", "--poll-interval", "0.2")
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while job["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
-        time.sleep(0.5)
-        job = api.get(f"{url}/api/jobs/{job['id']}").json()
+    job = wait_until_ended(api, url, job)
 
     assert doomed.returncode == -signal.SIGKILL
     assert job["status"] == "succeeded", stack.log("survivor")[-3000:]
