@@ -61,6 +61,7 @@ def unit_payload(claim: services.Claim) -> dict:
     return {
         "id": unit.pk, "job": job.pk, "round": unit.round.number,
         "lease_expires_at": unit.lease_expires_at.isoformat().replace("+00:00", "Z"),
+        "lease_seconds": settings.MUNINN_LEASE_SECONDS,
         "template": job.template, "model_config": job.model_config,
         "train": {"epochs": hp["epochs"], "batch_size": hp["batch_size"], "lr": hp["lr"],
                   "momentum": hp["momentum"], "seed": unit.seed},
@@ -91,7 +92,8 @@ class UnitShardView(DeviceView):
 class HeartbeatView(DeviceView):
     def post(self, request, unit_id: int):
         expires = services.unit_heartbeat(device=request.auth, unit_id=unit_id)
-        return Response({"lease_expires_at": expires.isoformat().replace("+00:00", "Z")})
+        return Response({"lease_expires_at": expires.isoformat().replace("+00:00", "Z"),
+                         "lease_seconds": settings.MUNINN_LEASE_SECONDS})
 
 
 class ReceiptSerializer(serializers.Serializer):

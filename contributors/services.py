@@ -88,13 +88,18 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     """Check a device's result for a unit it holds, then accept it and credit the work, all at once.
 
     A result that fails a check is refused with the reason (kept as a rejected receipt) and changes nothing
-    else: the unit stays leased to the device until its lease runs out."""
+    else: the unit stays leased to the device until its lease runs out. Posting an accepted result again
+    (a client retrying after a lost answer) returns the original receipt and credits nothing more."""
     touch(device)
+    output_sha = storage.sha256_hex(weights)
+    repeat = Receipt.objects.filter(unit_id=unit_id, device=device, status=Receipt.Status.ACCEPTED,
+                                    output_sha256=output_sha).first()
+    if repeat is not None:  # the same upload again (the first answer was lost on the way): same answer
+        return repeat
     unit, lease = leased_unit(device=device, unit_id=unit_id)
     reference_bytes = storage.blob_get(unit.round.weights_sha256)
     if len(weights) > max(2 * len(reference_bytes) + 1_000_000, 0) or len(weights) > max_bytes:
         raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are {len(reference_bytes):,}.")
-    output_sha = storage.sha256_hex(weights)
     expected = Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256, unit.samples)
     try:
         check_receipt(receipt, expected=expected, output_sha256=output_sha)

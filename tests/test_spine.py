@@ -103,6 +103,21 @@ def test_worker_killed_mid_unit_is_replaced_and_nothing_is_credited_twice(custom
     assert_ledger_consistent(done)
 
 
+def test_the_same_result_posted_twice_is_accepted_and_credited_once(customer_api, digits_dataset, make_device):
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=2)
+    unit = device.claim()
+    weights, receipt = device.train(unit)
+
+    first = device.submit(unit["id"], weights, receipt)
+    again = device.submit(unit["id"], weights, receipt)  # the client never saw the first answer and retried
+
+    assert first.status_code == 201 and again.status_code == 201
+    assert again.json() == first.json()
+    assert Receipt.objects.filter(unit_id=unit["id"]).count() == 1
+    assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit["id"]).count() == 1
+
+
 def test_a_job_the_balance_cannot_cover_is_refused_and_nothing_changes(customer_api, digits_dataset, settings):
     settings.MUNINN_PRICE_PER_HU = 10**12  # make the job cost more than the customer's €10
     job = create_job(customer_api, digits_dataset["id"], rounds=2, start=False)

@@ -116,7 +116,7 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
     try:
         spec = _UnitSpec.from_claim(unit)
         log.info("claimed unit %s job %s round %s (%d samples)", spec.id, spec.job, spec.round, spec.samples)
-        with _Heartbeat(client, spec.id, _lease_seconds(unit.get("lease_expires_at"))) as heartbeat:
+        with _Heartbeat(client, spec.id, _lease_seconds(unit)) as heartbeat:
             weights, shard = _download_inputs(client, spec, cache)
             result = _train(spec, weights, shard, heartbeat)
             heartbeat.check()
@@ -282,13 +282,16 @@ class _Heartbeat:
                     return
                 log.warning("unit %s: heartbeat failed: %s", self._unit_id, exc)
                 continue
-            self._interval = _interval_for(_lease_seconds(answer.get("lease_expires_at")))
+            self._interval = _interval_for(_lease_seconds(answer))
 
 
-def _lease_seconds(expires_at: Any, default: float = 30.0) -> float:
-    """Seconds left on a lease from its ISO 8601 expiry (our clock vs the site's: skew is possible)."""
+def _lease_seconds(lease: dict, default: float = 30.0) -> float:
+    """Seconds left on a lease: the site's `lease_seconds` (immune to clock skew), else computed from the
+    ISO 8601 expiry against our own clock."""
+    if isinstance(lease.get("lease_seconds"), (int, float)) and lease["lease_seconds"] > 0:
+        return float(lease["lease_seconds"])
     try:
-        expiry = datetime.fromisoformat(str(expires_at).replace("Z", "+00:00"))
+        expiry = datetime.fromisoformat(str(lease.get("lease_expires_at")).replace("Z", "+00:00"))
     except ValueError:
         return default
     if expiry.tzinfo is None:
