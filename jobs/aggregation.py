@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-__all__ = ["AggregationError", "CHUNK_BYTES", "fedavg"]
+__all__ = ["AggregationError", "CHUNK_BYTES", "diloco_outer_step", "fedavg"]
 
 # Size of the accumulator slice that stays in cache while every client's matching slice streams through it.
 # Measured on a 2-core Xeon (2 MiB L2 per core), 10 x 50M fp32: 1-2 MiB were fastest; 128 KiB and below
@@ -134,3 +134,30 @@ def _weighted_sum(tensors: list[torch.Tensor], coefficients: list[float]) -> tor
         if scratch is not None:
             flat_result[start:stop].copy_(accumulator)
     return result
+
+
+def diloco_outer_step(
+    global_state: Mapping[str, torch.Tensor],
+    averaged_state: Mapping[str, torch.Tensor],
+    momentum: Mapping[str, torch.Tensor] | None,
+    *,
+    lr: float = 0.7,
+    beta: float = 0.9,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """DiLoCo's outer optimizer (Douillard et al. 2023): the averaged change is a pseudo-gradient
+    g = global - average, applied with Nesterov momentum, as torch.optim.SGD(nesterov=True) would:
+    m = beta*m + g;  global -= lr * (g + beta*m). Returns (new global state, new momentum buffers).
+
+    Non-floating tensors are taken from the average. With lr=1 and beta=0 this is plain FedAvg."""
+    new_state: dict[str, torch.Tensor] = {}
+    new_momentum: dict[str, torch.Tensor] = {}
+    for name, current in global_state.items():
+        average = averaged_state[name]
+        if not current.is_floating_point():
+            new_state[name] = average.clone()
+            continue
+        g = current.float() - average.float()
+        m = g if momentum is None or name not in momentum else momentum[name].float() * beta + g
+        new_momentum[name] = m
+        new_state[name] = (current.float() - lr * (g + beta * m)).to(current.dtype)
+    return new_state, new_momentum
