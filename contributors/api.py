@@ -16,6 +16,7 @@ from jobs.hu import hu_str
 from muninn.errors import InvalidInput, TooLarge
 
 from . import selectors, services
+from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
 
@@ -37,6 +38,14 @@ class CapabilitiesSerializer(serializers.Serializer):
 class DeviceRegisterSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     capabilities = CapabilitiesSerializer()
+    public_key = serializers.CharField(max_length=64, help_text="base64 Ed25519 public key that signs receipts")
+
+    def validate_public_key(self, value: str) -> str:
+        try:
+            load_public_key(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
 
 
 class DeviceRegisterView(APIView):
@@ -119,8 +128,9 @@ class ResultView(DeviceView):
             raise InvalidInput("Attach the trained weights as the 'weights' file (safetensors).", code="no_weights")
         if upload.size > settings.MUNINN_MAX_RESULT_BYTES:
             raise TooLarge(f"The upload is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_RESULT_BYTES:,}.")
+        receipt_text = request.data.get("receipt") or ""
         try:
-            raw = json.loads(request.data.get("receipt") or "")
+            raw = json.loads(receipt_text)
         except (TypeError, ValueError):
             raise InvalidInput("The 'receipt' field must be a JSON object.", code="bad_receipt") from None
         receipt = ReceiptSerializer(data=raw if isinstance(raw, dict) else {})
@@ -128,7 +138,9 @@ class ResultView(DeviceView):
             field, errors = next(iter(receipt.errors.items()))
             raise InvalidInput(f"receipt.{field}: {errors[0]}", code="bad_receipt", detail=receipt.errors)
         stored = services.result_submit(device=request.auth, unit_id=unit_id, weights=upload.read(),
-                                        receipt=receipt.validated_data, max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
+                                        receipt=receipt.validated_data, receipt_bytes=receipt_text.encode(),
+                                        signature=str(request.data.get("signature") or ""),
+                                        max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
         return Response({"unit": unit_id, "status": stored.status, "credited_hu": hu_str(stored.unit.hu)}, status=201)
 
 

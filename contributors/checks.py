@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import base64
+import binascii
+
 import torch
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 
 class ResultRejected(ValueError):
@@ -22,6 +27,25 @@ class Expected:
     weights_sha256: str
     shard_sha256: str
     samples: int
+
+
+def load_public_key(encoded: str) -> Ed25519PublicKey:
+    """A device's registered key: base64 of 32 raw Ed25519 bytes. ValueError when it is not one."""
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("public_key must be base64 of a 32-byte Ed25519 public key") from exc
+
+
+def check_signature(public_key: str, message: bytes, signature: str) -> None:
+    """The receipt bytes were signed by the device's private key."""
+    if not signature:
+        raise ResultRejected("no_signature", "The receipt is not signed: send its Ed25519 signature as 'signature'.")
+    try:
+        load_public_key(public_key).verify(base64.b64decode(signature, validate=True), message)
+    except (binascii.Error, ValueError, InvalidSignature):
+        raise ResultRejected("bad_signature", "The receipt's signature does not verify with this device's key.") from None
 
 
 def check_receipt(receipt: Mapping, *, expected: Expected, output_sha256: str) -> None:

@@ -7,6 +7,7 @@ class Device(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="devices")
     name = models.CharField(max_length=100)
     token_hash = models.CharField(max_length=64, unique=True)  # sha256 of the device token; the token is shown once
+    public_key = models.CharField(max_length=64, default="")  # base64 Ed25519 public key: verifies the device's receipts
     capabilities = models.JSONField(default=dict)
     memory_bytes = models.BigIntegerField(default=0)  # the most a unit may need: largest GPU memory, else RAM
     samples_per_s = models.FloatField(default=0.0)  # moving estimate, from the probe then from real units
@@ -43,6 +44,7 @@ class Receipt(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices)
     reason = models.CharField(max_length=500, blank=True)
     payload = models.JSONField(default=dict)  # the receipt exactly as sent
+    signature = models.CharField(max_length=128, blank=True)  # base64 Ed25519 over the receipt's JSON bytes
     weights_sha256 = models.CharField(max_length=64, blank=True)
     shard_sha256 = models.CharField(max_length=64, blank=True)
     output_sha256 = models.CharField(max_length=64, blank=True)

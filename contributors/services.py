@@ -17,19 +17,19 @@ from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 
 from . import selectors
 from .authentication import token_hash, touch
-from .checks import Expected, ResultRejected, check_receipt, check_state
+from .checks import Expected, ResultRejected, check_receipt, check_signature, check_state
 from .models import Device, Lease, Receipt
 
 log = logging.getLogger(__name__)
 THROUGHPUT_SMOOTHING = 0.3  # weight of the newest measurement in the moving estimate
 
 
-def device_register(*, owner, name: str, capabilities: dict) -> tuple[Device, str]:
+def device_register(*, owner, name: str, capabilities: dict, public_key: str) -> tuple[Device, str]:
     """A new device for a contributor. Returns it with its token, which is shown this once only."""
     token = secrets.token_urlsafe(32)
     gpu_memory = [g.get("memory_bytes", 0) for g in capabilities.get("gpus", [])]
     device = Device.objects.create(
-        owner=owner, name=name, token_hash=token_hash(token), capabilities=capabilities,
+        owner=owner, name=name, token_hash=token_hash(token), capabilities=capabilities, public_key=public_key,
         memory_bytes=max(gpu_memory + [capabilities.get("ram_bytes", 0)]),
         samples_per_s=float(capabilities.get("samples_per_s") or 0.0), last_seen_at=timezone.now(),
     )
@@ -73,9 +73,11 @@ def unit_heartbeat(*, device: Device, unit_id: int):
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
 
 
-def _reject(*, unit: WorkUnit, device: Device, lease: Lease, receipt: dict, error: ResultRejected) -> None:
+def _reject(*, unit: WorkUnit, device: Device, lease: Lease, receipt: dict, signature: str,
+            error: ResultRejected) -> None:
     Receipt.objects.create(unit=unit, device=device, lease=lease, status=Receipt.Status.REJECTED,
-                           reason=f"{error.code}: {error.message}"[:500], payload=_jsonable(receipt))
+                           reason=f"{error.code}: {error.message}"[:500], payload=_jsonable(receipt),
+                           signature=signature[:128])
     log.warning("device %s unit %s rejected: %s", device.pk, unit.pk, error.message)
     raise InvalidInput(error.message, code=error.code)
 
@@ -84,8 +86,10 @@ def _jsonable(receipt: dict) -> dict:
     return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in receipt.items()}
 
 
-def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, max_bytes: int) -> Receipt:
+def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
+                  signature: str, max_bytes: int) -> Receipt:
     """Check a device's result for a unit it holds, then accept it and credit the work, all at once.
+    The receipt's signature is checked over `receipt_bytes`, the receipt JSON exactly as uploaded.
 
     A result that fails a check is refused with the reason (kept as a rejected receipt) and changes nothing
     else: the unit stays leased to the device until its lease runs out. Posting an accepted result again
@@ -102,6 +106,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are {len(reference_bytes):,}.")
     expected = Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256, unit.samples)
     try:
+        check_signature(device.public_key, receipt_bytes, signature)
         check_receipt(receipt, expected=expected, output_sha256=output_sha)
         try:
             state = tensors.bytes_to_state_dict(weights)
@@ -109,7 +114,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
             raise ResultRejected("not_safetensors", f"The weights are not a safetensors file: {e}") from e
         check_state(state, tensors.bytes_to_state_dict(reference_bytes))
     except ResultRejected as e:
-        _reject(unit=unit, device=device, lease=lease, receipt=receipt, error=e)
+        _reject(unit=unit, device=device, lease=lease, receipt=receipt, signature=signature, error=e)
 
     storage.blob_put(weights)
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"],
@@ -119,6 +124,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
                                                 samples=receipt["samples"], metrics=metrics)
         stored = Receipt.objects.create(
             unit=unit, device=device, lease=lease, status=Receipt.Status.ACCEPTED, payload=_jsonable(receipt),
+            signature=signature,
             weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
             output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
             loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
-from muninn_worker import tensors, training, zoo
+from muninn_worker import signing, tensors, training, zoo
 from rest_framework.test import APIClient
 from sklearn.datasets import load_digits
 
@@ -65,7 +65,9 @@ class SimulatedDevice:
     """A contributor device driven through the worker API with real local training."""
 
     def __init__(self, contributor: User, name: str):
-        self.device, token = contributors.device_register(owner=contributor, name=name, capabilities=CAPABILITIES)
+        self.signing_key = signing.new_private_key()
+        self.device, token = contributors.device_register(owner=contributor, name=name, capabilities=CAPABILITIES,
+                                                          public_key=signing.public_key_of(self.signing_key))
         self.client = APIClient()
         self.client.credentials(HTTP_AUTHORIZATION=f"Device {token}")
 
@@ -91,9 +93,12 @@ class SimulatedDevice:
         }
         return out, receipt
 
-    def submit(self, unit_id: int, weights: bytes, receipt: dict):
+    def submit(self, unit_id: int, weights: bytes, receipt: dict, *, signature: str | None = None):
+        body = json.dumps(receipt)
+        signature = signing.sign(self.signing_key, body.encode()) if signature is None else signature
         return self.client.post(f"/api/worker/units/{unit_id}/result",
-                                {"weights": io.BytesIO(weights), "receipt": json.dumps(receipt)}, format="multipart")
+                                {"weights": io.BytesIO(weights), "receipt": body, "signature": signature},
+                                format="multipart")
 
     def work_one(self) -> bool:
         unit = self.claim()
@@ -107,6 +112,13 @@ class SimulatedDevice:
 @pytest.fixture
 def make_device(contributor):
     return lambda name="device": SimulatedDevice(contributor, name)
+
+
+def register_device(contributor: User, name: str = "device"):
+    """A registered device with a real key pair (for tests that call services directly)."""
+    key = signing.new_private_key()
+    return contributors.device_register(owner=contributor, name=name, capabilities=CAPABILITIES,
+                                        public_key=signing.public_key_of(key))[0]
 
 
 def digits_npz(n: int | None = None) -> bytes:

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 import torch
-from muninn_worker import tensors
+from muninn_worker import signing, tensors
 
 from billing.models import Entry, Transaction
 from contributors.models import Receipt
@@ -145,6 +145,41 @@ def test_receipt_that_does_not_match_the_upload_is_refused(leased):
     assert response.status_code == 400
     assert error_of(response)["code"] == "receipt_output_mismatch"
     assert_nothing_changed(leased)
+
+
+def test_unsigned_or_forged_receipt_is_refused(leased, make_device):
+    device, unit_id = leased["device"], leased["unit"]["id"]
+    other_key = make_device("other").signing_key
+
+    unsigned = device.submit(unit_id, leased["weights"], leased["receipt"], signature="")
+    garbage = device.submit(unit_id, leased["weights"], leased["receipt"], signature="bm90IGEgc2lnbmF0dXJl")
+    forged = device.submit(unit_id, leased["weights"], leased["receipt"],
+                           signature=signing.sign(other_key, json.dumps(leased["receipt"]).encode()))
+    tampered_body = json.dumps(leased["receipt"])
+    tampered = device.client.post(  # signed, then re-serialised differently: the bytes no longer match
+        f"/api/worker/units/{unit_id}/result",
+        {"weights": io.BytesIO(leased["weights"]), "receipt": tampered_body.replace(", ", ","),
+         "signature": signing.sign(device.signing_key, tampered_body.encode())}, format="multipart")
+
+    assert unsigned.status_code == 400 and error_of(unsigned)["code"] == "no_signature"
+    for response in (garbage, forged, tampered):
+        assert response.status_code == 400 and error_of(response)["code"] == "bad_signature"
+    assert_nothing_changed(leased)
+
+
+def test_device_registration_needs_a_valid_public_key(contributor):
+    from accounts import services as accounts
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {accounts.token_for(user=contributor)}")
+    body = {"name": "x", "capabilities": {"cpu_cores": 2, "ram_bytes": 1, "backends": ["cpu"],
+                                          "torch_version": "2.13.0"}, "public_key": "not-a-key"}
+    response = client.post("/api/worker/devices", body, format="json")
+    assert response.status_code == 400 and "public_key" in error_of(response)["message"]
+    key = signing.new_private_key()
+    assert client.post("/api/worker/devices", {**body, "public_key": signing.public_key_of(key)},
+                       format="json").status_code == 201
 
 
 def test_malformed_receipt_is_refused(leased):

@@ -11,7 +11,7 @@ from contributors.models import Lease
 from jobs import services as jobs
 from jobs.models import WorkUnit
 
-from .conftest import CAPABILITIES, digits_npz
+from .conftest import digits_npz, register_device
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 DEVICES = 40
@@ -21,8 +21,7 @@ THREADS = 16
 def test_concurrent_claims_never_lease_a_unit_twice(customer, contributor):
     if connection.vendor != "postgresql":
         pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
-    devices = [contributors.device_register(owner=contributor, name=f"d{i}", capabilities=CAPABILITIES)[0]
-               for i in range(DEVICES)]
+    devices = [register_device(contributor, f"d{i}") for i in range(DEVICES)]
     dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=digits_npz())
     job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams={}, rounds=1, seed=1)
     jobs.job_start(job_id=job.pk)  # opens round 1 with one shard per online device

@@ -18,6 +18,7 @@ import requests
 from muninn_worker import __version__
 from muninn_worker.cache import ContentCache
 from muninn_worker.retry import NETWORK_ERRORS, RetryHook, call_with_retry
+from muninn_worker.signing import sign
 
 __all__ = ["ApiClient", "ApiError", "NetworkError", "DownloadProgress"]
 
@@ -58,6 +59,7 @@ class ApiClient:
         attempts: int = 6,
         retry_sleep: Callable[[float], Any] = time.sleep,
         on_retry: RetryHook | None = None,
+        signing_key: str | None = None,
     ) -> None:
         if not server_url.startswith(("http://", "https://")):
             raise ValueError(f"the server URL must start with http:// or https:// (got {server_url!r})")
@@ -68,16 +70,17 @@ class ApiClient:
         self.attempts = attempts
         self.retry_sleep = retry_sleep
         self.on_retry = on_retry
+        self.signing_key = signing_key  # base64 Ed25519 private key: receipts are signed when it is set
         # requests.Session is not thread-safe; the heartbeat thread gets its own.
         self._local = threading.local()
 
     # ------------------------------------------------------------------------------------ endpoints
 
-    def register_device(self, name: str, capabilities: dict) -> dict:
+    def register_device(self, name: str, capabilities: dict, public_key: str) -> dict:
         """POST /api/worker/devices → {"device_id", "device_token", "name"}."""
         response = self._request(
             "POST", "/api/worker/devices", auth="account",
-            json={"name": name, "capabilities": capabilities}, expected=(200, 201),
+            json={"name": name, "capabilities": capabilities, "public_key": public_key}, expected=(200, 201),
         )
         body = self._json(response)
         if not isinstance(body.get("device_token"), str) or "device_id" not in body:
@@ -138,12 +141,15 @@ class ApiClient:
         return self._json(response)
 
     def submit_result(self, unit_id: int, weights_bytes: bytes, receipt: dict) -> dict:
-        """POST the trained weights (multipart `weights`) with the JSON `receipt`."""
+        """POST the trained weights (multipart `weights`) with the JSON `receipt` and its signature."""
+        body = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
+        data = {"receipt": body}
+        if self.signing_key:
+            data["signature"] = sign(self.signing_key, body.encode())
         response = self._request(
             "POST", f"/api/worker/units/{int(unit_id)}/result",
             files={"weights": ("weights.safetensors", weights_bytes, "application/octet-stream")},
-            data={"receipt": json.dumps(receipt, allow_nan=False, separators=(",", ":"))},
-            expected=(200, 201),
+            data=data, expected=(200, 201),
         )
         return self._json(response)
 

@@ -91,10 +91,13 @@ def _cmd_register(args: argparse.Namespace) -> int:
     from muninn_worker.api import ApiError
     from muninn_worker.probe import probe_device
 
+    from muninn_worker.signing import new_private_key, public_key_of
+
     log.info("probing this device…")
     capabilities = probe_device(quick=True)
+    signing_key = new_private_key()  # a new device, a new key pair; the public half goes to the site
     try:
-        answer = client.register_device(name, capabilities)
+        answer = client.register_device(name, capabilities, public_key_of(signing_key))
     except ApiError as exc:
         raise _Exit(f"registration failed: {exc}", 1) from None
 
@@ -102,6 +105,7 @@ def _cmd_register(args: argparse.Namespace) -> int:
     config.device_token = answer["device_token"]
     config.device_id = answer["device_id"]
     config.name = answer.get("name") or name
+    config.signing_key = signing_key
     save_config(config, path)
     print(f"registered device {config.device_id} ({config.name}) with {config.server}; config saved to {path}")
     return 0
@@ -114,7 +118,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     server = _require(first_set(args.server, os.environ.get(ENV_SERVER), config.server),
                       f"no server: pass --server URL or set {ENV_SERVER}")
     cache_dir = first_set(args.cache_dir, os.environ.get(ENV_CACHE_DIR), config.cache_dir) or str(default_cache_dir())
-    client = _client(server, device_token=config.device_token)
+    if not config.signing_key:
+        raise _Exit(f"the config {config_path(args.config)} has no signing key (registered by an older client): "
+                    "run `muninn-worker register` again", 2)
+    client = _client(server, device_token=config.device_token, signing_key=config.signing_key)
 
     from muninn_worker.runner import DeviceRejected, run
 

@@ -44,6 +44,7 @@ class Config:
     device_id: int | None = None
     name: str | None = None
     cache_dir: str | None = None
+    signing_key: str | None = None  # the device's Ed25519 private key (base64); receipts are signed with it
 
 
 def first_set(*values: str | None) -> str | None:

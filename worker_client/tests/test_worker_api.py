@@ -6,6 +6,7 @@ import pytest
 
 from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import HashMismatch
+from muninn_worker.signing import new_private_key, public_key_of, sign
 from muninn_worker.tensors import sha256_hex
 
 
@@ -86,7 +87,7 @@ def test_register_uses_the_account_token(fake_site):
     capabilities = {"cpu_cores": 1, "ram_bytes": 1, "backends": ["cpu"], "gpus": [], "torch_version": "2",
                     "samples_per_s": 1.0, "flops_per_s": 1.0}
 
-    answer = client.register_device("box", capabilities)
+    answer = client.register_device("box", capabilities, public_key_of(new_private_key()))
 
     assert answer == {"device_id": 7, "device_token": fake_site.device_token, "name": "box"}
 
@@ -94,3 +95,16 @@ def test_register_uses_the_account_token(fake_site):
 def test_server_url_must_be_http():
     with pytest.raises(ValueError, match="http"):
         ApiClient("ftp://example.com")
+
+
+def test_signing_key_signs_the_exact_receipt_bytes():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    import base64
+
+    key = new_private_key()
+    message = b'{"unit":1}'
+    signature = base64.b64decode(sign(key, message))
+    public = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key_of(key)))
+    public.verify(signature, message)  # raises if it does not verify
+    with pytest.raises(Exception):
+        public.verify(signature, b'{"unit": 1}')

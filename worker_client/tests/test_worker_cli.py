@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from muninn_worker.signing import new_private_key
+
 SCRIPT = Path(sys.executable).with_name("muninn-worker")
 
 
@@ -102,7 +104,8 @@ def test_register_with_a_wrong_token_exits_1(fake_site, tmp_path):
 
 def test_ctrl_c_exits_130_with_a_message(fake_site, tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"server": fake_site.url, "device_token": fake_site.device_token}))
+    config.write_text(json.dumps({"server": fake_site.url, "device_token": fake_site.device_token,
+                                  "signing_key": new_private_key()}))
     process = subprocess.Popen([str(SCRIPT), "run", "--config", str(config)], env=_clean_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_claims(fake_site, process)
@@ -119,6 +122,16 @@ def _wait_for_claims(site, process: subprocess.Popen, timeout: float = 30) -> No
     while not any(path.endswith("/claim") for _, path in site.requests):
         assert process.poll() is None and time.monotonic() < deadline, "the worker never polled"
         time.sleep(0.05)
+
+
+def test_run_with_a_config_that_has_no_signing_key_says_to_register_again(fake_site, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"server": fake_site.url, "device_token": fake_site.device_token}))
+
+    result = _cli("run", "--config", str(config))
+
+    assert result.returncode == 2
+    assert "no signing key" in result.stderr and "register" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_probe_prints_capabilities_json():

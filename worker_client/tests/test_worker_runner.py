@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 from datetime import datetime
 
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from conftest import MODEL_CONFIG
 
 from muninn_worker.api import ApiClient
 from muninn_worker.runner import DeviceRejected, run
+from muninn_worker.signing import new_private_key, public_key_of
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
 from muninn_worker.training import train_local
 from muninn_worker.zoo import build_model, init_state
 
 
+SIGNING_KEY = new_private_key()
+
+
 def _run(site, tmp_path, **kwargs):
-    client = ApiClient(site.url, device_token=site.device_token, attempts=2, retry_sleep=lambda s: None)
+    client = ApiClient(site.url, device_token=site.device_token, attempts=2, retry_sleep=lambda s: None,
+                       signing_key=SIGNING_KEY)
     kwargs.setdefault("exit_when_idle", 0)
     return run(client, cache_dir=tmp_path / "cache", poll_interval=0.01, **kwargs)
 
@@ -41,6 +48,8 @@ def test_runner_trains_one_unit_and_submits_a_matching_receipt(fake_site, tmp_pa
     assert receipt["train_seconds"] > 0
     assert datetime.fromisoformat(receipt["started_at"]) <= datetime.fromisoformat(receipt["finished_at"])
     assert receipt["finished_at"].endswith("Z")
+    public = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key_of(SIGNING_KEY)))
+    public.verify(base64.b64decode(posted["signature"]), posted["receipt_bytes"])  # raises if forged
 
     sent, initial = bytes_to_state_dict(posted["weights"]), bytes_to_state_dict(unit.weights)
     assert {k: (v.shape, v.dtype) for k, v in sent.items()} == {k: (v.shape, v.dtype) for k, v in initial.items()}

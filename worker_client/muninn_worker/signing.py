@@ -1,0 +1,29 @@
+"""Device keys: an Ed25519 key pair made at registration; every receipt is signed with the private key.
+
+The signature covers the exact bytes of the receipt JSON as uploaded, so the site verifies what it
+received without any canonical form to agree on.
+"""
+from __future__ import annotations
+
+import base64
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+
+def new_private_key() -> str:
+    """A fresh private key, base64 of its 32 raw bytes (kept in the 0600 config file)."""
+    raw = Ed25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    return base64.b64encode(raw).decode()
+
+
+def _load(private_key: str) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(base64.b64decode(private_key))
+
+
+def public_key_of(private_key: str) -> str:
+    return base64.b64encode(_load(private_key).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
+def sign(private_key: str, message: bytes) -> str:
+    return base64.b64encode(_load(private_key).sign(message)).decode()
