@@ -27,6 +27,7 @@ class Transaction(models.Model):
         HOLD = "hold", "Hold for a job"
         CHARGE = "charge", "Charge for verified work"
         RELEASE = "release", "Release of an unused hold"
+        FORFEIT = "forfeit", "Earnings forfeited (untrustworthy work), refunded"
 
     idempotency_key = models.CharField(max_length=200, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)

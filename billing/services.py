@@ -30,7 +30,7 @@ def account_for(*, kind: str, owner=None) -> Account:
 
 
 def ledger_post(*, key: str, kind: str, lines: Sequence[tuple[Account, int]], memo: str = "", job=None,
-                unit=None, flops: int = 0, created_by=None) -> Transaction:
+                unit=None, unit_id: int | None = None, flops: int = 0, created_by=None) -> Transaction:
     """Post one balanced transaction, once: a second call with the same key returns the first."""
     if sum(amount for _, amount in lines) != 0:
         raise ValueError(f"unbalanced transaction {key}: {[(a.key, n) for a, n in lines]}")
@@ -39,7 +39,8 @@ def ledger_post(*, key: str, kind: str, lines: Sequence[tuple[Account, int]], me
         if existing:
             return existing
         txn = Transaction.objects.create(idempotency_key=key, kind=kind, memo=memo[:500], job=job, unit=unit,
-                                         flops=flops, created_by=created_by)
+                                         flops=flops, created_by=created_by,
+                                         **({"unit_id": unit_id} if unit_id is not None else {}))
         Entry.objects.bulk_create([Entry(transaction=txn, account=a, amount=n) for a, n in lines if n])
     return txn
 
@@ -108,6 +109,23 @@ def unit_charge(*, unit, contributor) -> Transaction:
                    (account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor), to_contributor),
                    (account_for(kind=Kind.PLATFORM_FEE), fee)],
         )
+
+
+def earnings_forfeit(*, contributor, units, reason: str) -> list[Transaction]:
+    """Take back the contributor's pending share of these units' charges (work later found untrustworthy):
+    it returns to the customers who paid it. Once per unit."""
+    pending = account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor)
+    posted = []
+    for charge in Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit__in=units).select_related("job"):
+        share = sum(e.amount for e in charge.entries.filter(account=pending))
+        if share <= 0:
+            continue
+        posted.append(ledger_post(
+            key=f"forfeit:unit:{charge.unit_id}", kind=Transaction.Kind.FORFEIT, job=charge.job, unit_id=charge.unit_id,
+            memo=f"forfeited: {reason}",
+            lines=[(pending, -share), (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=charge.job.owner), share)],
+        ))
+    return posted
 
 
 def hold_release(*, job) -> Transaction | None:

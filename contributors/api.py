@@ -15,7 +15,7 @@ from jobs import storage
 from jobs.hu import hu_str
 from muninn.errors import InvalidInput, TooLarge
 
-from . import selectors, services
+from . import results, selectors, services
 from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
@@ -137,11 +137,13 @@ class ResultView(DeviceView):
         if not receipt.is_valid():
             field, errors = next(iter(receipt.errors.items()))
             raise InvalidInput(f"receipt.{field}: {errors[0]}", code="bad_receipt", detail=receipt.errors)
-        stored = services.result_submit(device=request.auth, unit_id=unit_id, weights=upload.read(),
+        stored = results.result_submit(device=request.auth, unit_id=unit_id, weights=upload.read(),
                                         receipt=receipt.validated_data, receipt_bytes=receipt_text.encode(),
                                         signature=str(request.data.get("signature") or ""),
                                         max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
-        return Response({"unit": unit_id, "status": stored.status, "credited_hu": hu_str(stored.unit.hu)}, status=201)
+        credited = stored.unit.hu if stored.status == stored.Status.ACCEPTED else 0
+        return Response({"unit": unit_id, "status": stored.status, "hu": hu_str(stored.unit.hu),
+                         "credited_hu": hu_str(credited)}, status=201)
 
 
 class JobDevicesView(APIView):

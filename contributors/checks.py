@@ -82,3 +82,69 @@ def check_state(result: Mapping[str, torch.Tensor], reference: Mapping[str, torc
             raise ResultRejected("wrong_dtype", f"Tensor '{name}' has dtype {got.dtype}; expected {ref.dtype}.")
         if got.is_floating_point() and not bool(torch.isfinite(got).all()):
             raise ResultRejected("not_finite", f"Tensor '{name}' contains NaN or Inf values.")
+
+
+# --- Checks against history and the server's own computation ---------------------------------------
+
+LOSS_SLACK_RELATIVE = 0.05
+LOSS_SLACK_ABSOLUTE = 0.01
+NORM_BOUND_FACTOR = 10.0  # an update may be this many times the job's median update norm
+SPEED_FACTOR = 50.0  # a device may be this many times faster than its own measured speed
+CLOCK_SLACK_S = 5.0
+
+
+def update_norm(result: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> float:
+    """L2 norm of the change against the global weights, over every floating tensor."""
+    total = sum(float((result[k].double() - v.double()).pow(2).sum()) for k, v in reference.items()
+                if v.is_floating_point())
+    return total ** 0.5
+
+
+def norm_bound(previous_norms: list[float]) -> float | None:
+    """NORM_BOUND_FACTOR × the median of the job's earlier accepted update norms; None until there are 3."""
+    if len(previous_norms) < 3:
+        return None
+    ordered = sorted(previous_norms)
+    return NORM_BOUND_FACTOR * ordered[len(ordered) // 2]
+
+
+def check_update_norm(norm: float, bound: float | None) -> None:
+    if norm == 0:
+        raise ResultRejected("no_training", "The weights are the global weights unchanged: no training was done.")
+    if bound is not None and norm > bound:
+        raise ResultRejected("update_too_large", f"The update's norm {norm:.4g} is far above this job's updates "
+                                                 f"(bound {bound:.4g}).")
+
+
+def check_shard_loss(before: float, after: float) -> None:
+    """On a few samples of the unit's own shard, the trained weights must not be worse than the global ones."""
+    if not after <= before + max(LOSS_SLACK_RELATIVE * before, LOSS_SLACK_ABSOLUTE):
+        raise ResultRejected("loss_not_improved", f"On samples of its own shard the result's loss is {after:.4g}, "
+                                                  f"worse than the global weights' {before:.4g}.")
+
+
+def check_timing(*, train_seconds: float, held_seconds: float, work_samples: int, device_speed: float) -> None:
+    """The training time claimed must fit inside the lease the site saw, and not be wildly faster than the
+    device has ever been."""
+    if train_seconds > held_seconds + CLOCK_SLACK_S:
+        raise ResultRejected("implausible_time", f"The receipt claims {train_seconds:.1f} s of training, but the "
+                                                 f"unit was leased only {held_seconds:.1f} s ago.")
+    if device_speed > 0 and train_seconds > 0 and work_samples / train_seconds > SPEED_FACTOR * device_speed:
+        raise ResultRejected("implausible_speed", f"{work_samples / train_seconds:.0f} samples/s is far beyond this "
+                                                  f"device's measured {device_speed:.0f} samples/s.")
+
+
+def reexecution_distance(submitted: Mapping[str, torch.Tensor], recomputed: Mapping[str, torch.Tensor],
+                         reference: Mapping[str, torch.Tensor]) -> float:
+    """‖submitted − recomputed‖ / ‖recomputed − global‖ over floating tensors: 0 for the same computation;
+    honest runs on other CPUs and thread counts stay around 1e-7 (bench/cheating.py measures it)."""
+    diff = sum(float((submitted[k].double() - recomputed[k].double()).pow(2).sum())
+               for k, v in reference.items() if v.is_floating_point()) ** 0.5
+    scale = update_norm(recomputed, reference)
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def check_reexecution(distance: float, tolerance: float) -> None:
+    if not distance <= tolerance:
+        raise ResultRejected("reexecution_mismatch", f"Re-executing the unit gave different weights "
+                                                     f"(relative distance {distance:.3g} > {tolerance:g}).")

@@ -11,6 +11,13 @@ class Device(models.Model):
     capabilities = models.JSONField(default=dict)
     memory_bytes = models.BigIntegerField(default=0)  # the most a unit may need: largest GPU memory, else RAM
     samples_per_s = models.FloatField(default=0.0)  # moving estimate, from the probe then from real units
+    # Reputation: consecutive results that passed every check (re-executions included) set how often the
+    # device's work is re-executed; failures since the last lifted quarantine decide quarantine.
+    verified_streak = models.PositiveIntegerField(default=0)
+    verified_total = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    quarantined_at = models.DateTimeField(null=True, blank=True)
+    quarantine_reason = models.CharField(max_length=500, blank=True)
     is_active = models.BooleanField(default=True)
     last_seen_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -35,6 +42,7 @@ class Receipt(models.Model):
     """What a device says it did for a unit, kept as evidence whether it was accepted or not."""
 
     class Status(models.TextChoices):
+        PENDING = "pending", "Passed the cheap checks, being re-executed"
         ACCEPTED = "accepted", "Accepted"
         REJECTED = "rejected", "Rejected"
 
@@ -55,14 +63,35 @@ class Receipt(models.Model):
     train_seconds = models.FloatField(null=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(null=True)
+    verification = models.JSONField(default=dict, blank=True)  # how it was verified: checks, re-execution
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["id"]
         constraints = [
-            models.UniqueConstraint(fields=["unit"], condition=models.Q(status="accepted"),
-                                    name="receipt_one_accepted_per_unit"),
+            # at most one live result per unit: pending re-execution, or accepted
+            models.UniqueConstraint(fields=["unit"], condition=models.Q(status__in=["pending", "accepted"]),
+                                    name="receipt_one_live_per_unit"),
         ]
 
     def __str__(self) -> str:
         return f"receipt {self.pk} unit {self.unit_id} ({self.status})"
+
+
+class DeviceEvent(models.Model):
+    """The audit trail of a device's standing: failed results, quarantines and who lifted them, and why."""
+
+    class Kind(models.TextChoices):
+        FAILURE = "failure", "Failed result"
+        QUARANTINED = "quarantined", "Quarantined"
+        LIFTED = "lifted", "Quarantine lifted"
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    reason = models.CharField(max_length=500)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="+")
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]

@@ -6,19 +6,16 @@ import secrets
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
-from muninn_worker import tensors
 
-from billing import services as billing
 from jobs import services as jobs
-from jobs import storage
 from jobs.models import WorkUnit
-from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
+from muninn.errors import Conflict, MuninnError, NotFound
 
-from . import selectors
+from . import reputation, selectors
 from .authentication import token_hash, touch
-from .checks import Expected, ResultRejected, check_receipt, check_signature, check_state
-from .models import Device, Lease, Receipt
+from .models import Device, DeviceEvent, Lease
 
 log = logging.getLogger(__name__)
 THROUGHPUT_SMOOTHING = 0.3  # weight of the newest measurement in the moving estimate
@@ -42,9 +39,17 @@ class Claim:
     lease: Lease
 
 
+class Quarantined(MuninnError):
+    code = "device_quarantined"
+    status = 403
+
+
 def unit_claim(*, device: Device) -> Claim | None:
     """Lease the device one queued unit it can run, or None when there is nothing for it now."""
     touch(device)
+    if device.quarantined_at is not None:
+        raise Quarantined(f"This device is quarantined and gets no work: {device.quarantine_reason} "
+                          "Contact support to have it reviewed.")
     with transaction.atomic():
         unit = jobs.unit_lease(device_id=device.pk, memory_bytes=device.memory_bytes)
         if unit is None:
@@ -73,78 +78,55 @@ def unit_heartbeat(*, device: Device, unit_id: int):
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
 
 
-def _reject(*, unit: WorkUnit, device: Device, lease: Lease, receipt: dict, signature: str,
-            error: ResultRejected) -> None:
-    Receipt.objects.create(unit=unit, device=device, lease=lease, status=Receipt.Status.REJECTED,
-                           reason=f"{error.code}: {error.message}"[:500], payload=_jsonable(receipt),
-                           signature=signature[:128])
-    log.warning("device %s unit %s rejected: %s", device.pk, unit.pk, error.message)
-    raise InvalidInput(error.message, code=error.code)
+def device_record_success(*, device: Device, work_samples: int, seconds: float) -> None:
+    """A result passed every check: the streak grows and the speed estimate learns from it."""
+    first = not Device.objects.filter(pk=device.pk, verified_total__gt=0).exists()
+    Device.objects.filter(pk=device.pk).update(verified_streak=F("verified_streak") + 1,
+                                               verified_total=F("verified_total") + 1)
+    _update_throughput(device, samples=work_samples, seconds=seconds, replace=first)
 
 
-def _jsonable(receipt: dict) -> dict:
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in receipt.items()}
+def device_record_failure(*, device: Device, reason: str) -> bool:
+    """A result failed a check: the streak resets; enough failures quarantine the device and forfeit its
+    pending earnings from this device. Returns True when this failure quarantined it."""
+    from billing import services as billing
 
-
-def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
-                  signature: str, max_bytes: int) -> Receipt:
-    """Check a device's result for a unit it holds, then accept it and credit the work, all at once.
-    The receipt's signature is checked over `receipt_bytes`, the receipt JSON exactly as uploaded.
-
-    A result that fails a check is refused with the reason (kept as a rejected receipt) and changes nothing
-    else: the unit stays leased to the device until its lease runs out. Posting an accepted result again
-    (a client retrying after a lost answer) returns the original receipt and credits nothing more."""
-    touch(device)
-    output_sha = storage.sha256_hex(weights)
-    repeat = Receipt.objects.filter(unit_id=unit_id, device=device, status=Receipt.Status.ACCEPTED,
-                                    output_sha256=output_sha).first()
-    if repeat is not None:  # the same upload again (the first answer was lost on the way): same answer
-        return repeat
-    unit, lease = leased_unit(device=device, unit_id=unit_id)
-    reference_bytes = storage.blob_get(unit.round.weights_sha256)
-    if len(weights) > max(2 * len(reference_bytes) + 1_000_000, 0) or len(weights) > max_bytes:
-        raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are {len(reference_bytes):,}.")
-    expected = Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256, unit.samples)
-    try:
-        check_signature(device.public_key, receipt_bytes, signature)
-        check_receipt(receipt, expected=expected, output_sha256=output_sha)
-        try:
-            state = tensors.bytes_to_state_dict(weights)
-        except ValueError as e:
-            raise ResultRejected("not_safetensors", f"The weights are not a safetensors file: {e}") from e
-        check_state(state, tensors.bytes_to_state_dict(reference_bytes))
-    except ResultRejected as e:
-        _reject(unit=unit, device=device, lease=lease, receipt=receipt, signature=signature, error=e)
-
-    storage.blob_put(weights)
-    metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"],
-               "steps": receipt["steps"], "train_seconds": receipt["train_seconds"]}
     with transaction.atomic():
-        unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=output_sha,
-                                                samples=receipt["samples"], metrics=metrics)
-        stored = Receipt.objects.create(
-            unit=unit, device=device, lease=lease, status=Receipt.Status.ACCEPTED, payload=_jsonable(receipt),
-            signature=signature,
-            weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
-            output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
-            loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
-            train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
-            finished_at=receipt["finished_at"],
-        )
-        billing.unit_charge(unit=unit, contributor=device.owner)
-        _update_throughput(device, samples=receipt["samples"] * unit.round.job.hparams["epochs"],
-                           seconds=receipt["train_seconds"])
-        if round_complete:
-            from jobs.tasks import aggregate_round
-
-            transaction.on_commit(lambda: aggregate_round.delay(unit.round_id))
-    return stored
+        locked = Device.objects.select_for_update().get(pk=device.pk)
+        locked.verified_streak, locked.failures = 0, locked.failures + 1
+        DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.FAILURE, reason=reason[:500])
+        quarantine = locked.quarantined_at is None and reputation.quarantine_due(locked.failures)
+        if quarantine:
+            locked.quarantined_at = timezone.now()
+            locked.quarantine_reason = f"{locked.failures} failed results; last: {reason}"[:500]
+            DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.QUARANTINED,
+                                       reason=locked.quarantine_reason)
+            billing.earnings_forfeit(contributor=locked.owner, units=WorkUnit.objects.filter(
+                receipts__device=locked, receipts__status="accepted"), reason=f"device {locked.pk} quarantined")
+        locked.save(update_fields=["verified_streak", "failures", "quarantined_at", "quarantine_reason"])
+    if quarantine:
+        log.warning("device %s quarantined: %s", device.pk, reason)
+    return quarantine
 
 
-def _update_throughput(device: Device, *, samples: int, seconds: float) -> None:
+def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
+    """Staff lift a quarantine after review; the device starts again as a new one (checked every time)."""
+    with transaction.atomic():
+        locked = Device.objects.select_for_update().get(pk=device.pk)
+        if locked.quarantined_at is None:
+            raise Conflict("This device is not quarantined.", code="not_quarantined")
+        locked.quarantined_at, locked.quarantine_reason = None, ""
+        locked.failures = locked.verified_streak = 0
+        locked.save(update_fields=["quarantined_at", "quarantine_reason", "failures", "verified_streak"])
+        DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.LIFTED, reason=reason[:500], actor=staff)
+    return locked
+
+
+def _update_throughput(device: Device, *, samples: int, seconds: float, replace: bool = False) -> None:
+    """Moving estimate of samples/s; the first real unit replaces the probe's benchmark outright."""
     if seconds <= 0:
         return
     measured = samples / seconds
     current = Device.objects.filter(pk=device.pk).values_list("samples_per_s", flat=True).first() or 0.0
-    new = measured if current <= 0 else (1 - THROUGHPUT_SMOOTHING) * current + THROUGHPUT_SMOOTHING * measured
+    new = measured if current <= 0 or replace else (1 - THROUGHPUT_SMOOTHING) * current + THROUGHPUT_SMOOTHING * measured
     Device.objects.filter(pk=device.pk).update(samples_per_s=new)

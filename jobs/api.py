@@ -71,7 +71,8 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "dataset", "template", "hparams", "model_config", "algorithm", "rounds", "rounds_done",
+        fields = ["id", "dataset", "template", "hparams", "model_config", "algorithm", "aggregation", "rounds",
+                  "rounds_done",
                   "seed", "status", "flops_estimated", "hu_estimated", "peak_memory_bytes", "n_train", "n_test",
                   "current_round", "metrics", "error", "created_at", "started_at", "finished_at"]
 
@@ -95,6 +96,8 @@ class JobCreateSerializer(serializers.Serializer):
     hparams = serializers.DictField(required=False, default=dict)
     rounds = serializers.IntegerField(min_value=1)
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
+    aggregation = serializers.ChoiceField(choices=Job.Aggregation.choices, required=False,
+                                          default=Job.Aggregation.FEDAVG)
     start = serializers.BooleanField(required=False, default=False)
 
 
@@ -110,7 +113,8 @@ class JobListView(APIView):
         v = data.validated_data
         dataset = selectors.dataset_get(owner=request.user, dataset_id=v["dataset"])
         job = services.job_create(owner=request.user, dataset=dataset, template=v["template"],
-                                  hparams=v["hparams"], rounds=v["rounds"], seed=v.get("seed"))
+                                  hparams=v["hparams"], rounds=v["rounds"], seed=v.get("seed"),
+                                  aggregation=v["aggregation"])
         if v["start"]:
             job = services.job_start(job_id=job.pk)
         return Response(JobDetailSerializer(job).data, status=201)

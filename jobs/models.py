@@ -43,12 +43,21 @@ class Job(models.Model):
     class Algorithm(models.TextChoices):
         FEDAVG = "fedavg", "FedAvg"
 
+    class Aggregation(models.TextChoices):
+        """How the round's updates are combined (robust rules resist a share of malicious devices)."""
+
+        FEDAVG = "fedavg", "Weighted mean (FedAvg)"
+        TRIMMED_MEAN = "trimmed_mean", "Coordinate-wise trimmed mean"
+        MEDIAN = "median", "Coordinate-wise median"
+        NORM_CLIP = "norm_clip", "Norm clipping, then FedAvg"
+
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
     template = models.CharField(max_length=64)
     hparams = models.JSONField(default=dict)
     model_config = models.JSONField(default=dict)
     algorithm = models.CharField(max_length=16, choices=Algorithm.choices, default=Algorithm.FEDAVG)
+    aggregation = models.CharField(max_length=16, choices=Aggregation.choices, default=Aggregation.FEDAVG)
     rounds = models.PositiveIntegerField()
     seed = models.BigIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED, db_index=True)
@@ -116,6 +125,7 @@ class WorkUnit(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
         LEASED = "leased", "Leased"
+        VERIFYING = "verifying", "Verifying"  # passed the cheap checks; being re-executed before it counts
         ACCEPTED = "accepted", "Accepted"
         CANCELLED = "cancelled", "Cancelled"  # the round closed without it
 

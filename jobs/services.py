@@ -17,8 +17,7 @@ from muninn_worker import tensors, training, zoo
 
 from muninn.errors import Conflict, InvalidInput, TooLarge
 
-from . import datasets, estimate, storage
-from .aggregation import fedavg
+from . import datasets, estimate, robust, storage
 from .models import Dataset, Job, Round, WorkUnit
 from .sharding import plan_shards
 from .signals import job_ended, job_started
@@ -84,7 +83,7 @@ def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int) -> 
 
 
 def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds: int,
-               seed: int | None = None) -> Job:
+               seed: int | None = None, aggregation: str = Job.Aggregation.FEDAVG) -> Job:
     """Plan the job, split the data once (fixed seed), and make the initial model."""
     plan = job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds)
     seed = secrets.randbelow(2**31) if seed is None else seed
@@ -102,7 +101,8 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
     with transaction.atomic():
         return Job.objects.create(
             owner=owner, dataset=dataset, template=template, hparams=plan.hparams, model_config=plan.model_config,
-            rounds=rounds, seed=seed, flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
+            rounds=rounds, seed=seed, aggregation=aggregation,
+            flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
             peak_memory_bytes=est.peak_memory_bytes,
             train_sha256=storage.blob_put(_xy_bytes(X_train, y_train)),
             test_sha256=storage.blob_put(_xy_bytes(X_test, y_test)),
@@ -216,7 +216,8 @@ def round_aggregate(*, round_id: int) -> Round:
             return rnd
         states = [tensors.bytes_to_state_dict(storage.blob_get(u.result_sha256)) for u in accepted]
         samples = [u.result_samples for u in accepted]
-        new_state = fedavg(states, samples)
+        global_state = tensors.bytes_to_state_dict(storage.blob_get(rnd.weights_sha256))
+        new_state = _combine(job, states, samples, global_state)
         rnd.result_sha256 = storage.blob_put(tensors.state_dict_to_bytes(new_state))
 
         model = zoo.build_model(job.template, job.model_config)
@@ -242,6 +243,14 @@ def round_aggregate(*, round_id: int) -> Round:
             _job_end(job, Job.Status.SUCCEEDED)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
     return rnd
+
+
+def _combine(job: Job, states: list, samples: list[int], global_state: dict) -> dict:
+    """The job's aggregation rule; a trimmed mean with too few updates to trim falls back to the median."""
+    rule = job.aggregation
+    if rule == Job.Aggregation.TRIMMED_MEAN and len(states) < 5:
+        rule = Job.Aggregation.MEDIAN if len(states) >= 3 else Job.Aggregation.FEDAVG
+    return robust.aggregate(rule, states, samples, global_state)
 
 
 def rounds_overdue(*, now: datetime | None = None) -> list[int]:
@@ -291,25 +300,55 @@ def unit_heartbeat(*, unit_id: int, lease_token: uuid.UUID, lease_seconds: int |
 
 
 def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, samples: int,
-                metrics: dict) -> tuple[WorkUnit, bool]:
-    """Record a checked result for the unit. Returns (unit, round_complete). Must run inside the caller's
+                metrics: dict, verify: bool = False) -> tuple[WorkUnit, bool]:
+    """Record a result that passed the cheap checks: accepted at once, or `verify`ing until a re-execution
+    agrees (see unit_verified / unit_reject). Returns (unit, round_complete). Must run inside the caller's
     transaction so that crediting the work commits with it. The round row is locked first, so an
     aggregation never misses a result it has already been told about."""
     unit = WorkUnit.objects.select_related("round").get(pk=unit_id)
     rnd = Round.objects.select_for_update().get(pk=unit.round_id)
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
-    if unit.status == WorkUnit.Status.ACCEPTED:
-        raise Conflict("This unit already has an accepted result.", code="already_done")
+    if unit.status in (WorkUnit.Status.ACCEPTED, WorkUnit.Status.VERIFYING):
+        raise Conflict("This unit already has a result.", code="already_done")
     if rnd.status != Round.Status.OPEN or unit.status != WorkUnit.Status.LEASED or unit.lease_token != lease_token:
         raise Conflict("This unit is no longer leased to you (the lease expired or the round closed).",
                        code="lease_lost")
-    unit.status, unit.accepted_at = WorkUnit.Status.ACCEPTED, timezone.now()
+    unit.status = WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED
+    unit.accepted_at = None if verify else timezone.now()
     unit.result_sha256, unit.result_samples, unit.result_metrics = result_sha256, samples, metrics
     unit.lease_expires_at = None
     unit.save()
     unit.round = rnd
-    pending = rnd.units.filter(status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED]).exists()
-    return unit, not pending
+    return unit, _round_complete(rnd)
+
+
+def _round_complete(rnd: Round) -> bool:
+    return not rnd.units.filter(
+        status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING]).exists()
+
+
+def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
+    """A re-execution agreed: the verifying result now counts. Returns (unit, round_complete)."""
+    rnd = Round.objects.select_for_update().get(pk=WorkUnit.objects.values("round_id").get(pk=unit_id)["round_id"])
+    unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
+    if unit.status != WorkUnit.Status.VERIFYING:
+        raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
+    unit.status, unit.accepted_at = WorkUnit.Status.ACCEPTED, timezone.now()
+    unit.save(update_fields=["status", "accepted_at"])
+    unit.round = rnd
+    return unit, rnd.status == Round.Status.OPEN and _round_complete(rnd)
+
+
+def unit_reject(*, unit_id: int) -> WorkUnit:
+    """A re-execution disagreed: drop the result and queue the unit again, open to any device."""
+    unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
+    if unit.status != WorkUnit.Status.VERIFYING:
+        raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
+    unit.status = WorkUnit.Status.QUEUED
+    unit.result_sha256, unit.result_samples, unit.result_metrics = "", None, {}
+    unit.lease_token = unit.preferred_device_id = unit.reserved_until = None
+    unit.save()
+    return unit
 
 
 def units_requeue_expired(*, now: datetime | None = None) -> int:

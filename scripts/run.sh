@@ -18,7 +18,7 @@ cleanup() { trap - INT TERM EXIT; echo; echo "stopping…"; kill "${pids[@]}" 2>
 trap cleanup INT TERM EXIT
 
 $PY manage.py runserver --noreload "$HOST:$PORT" >var/log/web.log 2>&1 & pids+=($!)
-.venv/bin/celery -A muninn worker --loglevel=INFO --concurrency=1 --without-mingle --without-gossip \
+.venv/bin/celery -A muninn worker --loglevel=INFO --concurrency=1 --without-mingle --without-gossip -Q celery,validation \
   >var/log/celery-worker.log 2>&1 & pids+=($!)
 .venv/bin/celery -A muninn beat --loglevel=INFO >var/log/celery-beat.log 2>&1 & pids+=($!)
 

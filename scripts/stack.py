@@ -64,7 +64,8 @@ class Stack:
 
     def celery_worker(self, name: str = "celery-worker") -> subprocess.Popen:
         return self.spawn(name, [str(VENV_BIN / "celery"), "-A", "muninn", "worker", "--loglevel=INFO",
-                                 "--concurrency=1", "--pool=solo", "--without-mingle", "--without-gossip"])
+                                 "--concurrency=1", "--pool=solo", "--without-mingle", "--without-gossip",
+                                 "--queues", "celery,validation"])
 
     def celery_beat(self) -> subprocess.Popen:
         return self.spawn("celery-beat", [str(VENV_BIN / "celery"), "-A", "muninn", "beat", "--loglevel=INFO",

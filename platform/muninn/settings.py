@@ -144,7 +144,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ROUTES = {"contributors.tasks.verify_unit": {"queue": "validation"}}
 CELERY_BEAT_SCHEDULE = {
+    "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications", "schedule": 30.0},
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 10.0},
 }
@@ -158,6 +160,8 @@ MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
 MUNINN_RESERVATION_SECONDS = env.int("MUNINN_RESERVATION_SECONDS", default=10)  # a shard waits this long for its device
 MUNINN_DEVICE_ONLINE_SECONDS = env.int("MUNINN_DEVICE_ONLINE_SECONDS", default=60)
 MUNINN_ROUND_DEADLINE_SECONDS = env.int("MUNINN_ROUND_DEADLINE_SECONDS", default=900)
+# Re-executed results must match to this relative distance (honest runs on other CPUs/thread counts: ~1e-7).
+MUNINN_REEXECUTION_TOLERANCE = float(env.str("MUNINN_REEXECUTION_TOLERANCE", default="1e-3"))
 MUNINN_MAX_UPLOAD_BYTES = env.int("MUNINN_MAX_UPLOAD_BYTES", default=50 * 1024 * 1024)
 MUNINN_MAX_RESULT_BYTES = env.int("MUNINN_MAX_RESULT_BYTES", default=512 * 1024 * 1024)
 MUNINN_MAX_ROUNDS = env.int("MUNINN_MAX_ROUNDS", default=200)

@@ -1,0 +1,142 @@
+"""A device's result for a unit: every check, then acceptance (or re-execution first), then credit."""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from muninn_worker import tensors, training, zoo
+
+from billing import services as billing
+from jobs import services as jobs
+from jobs import storage
+from jobs.models import WorkUnit
+from muninn.errors import InvalidInput, TooLarge
+
+from . import checks, reputation, services
+from .authentication import touch
+from .checks import Expected, ResultRejected
+from .models import Device, Lease, Receipt
+
+log = logging.getLogger(__name__)
+LOSS_CHECK_SAMPLES = 64
+SPEED_RECORD_UNITS = 3  # verified units before a device's measured speed is held against its claims
+
+
+def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
+                  signature: str, max_bytes: int) -> Receipt:
+    """Check a device's result for a unit it holds; accept it (credited at once) or, when the device's
+    reputation calls for it, hold it for re-execution (credited only if the re-execution agrees).
+
+    The signature is checked over `receipt_bytes`, the receipt JSON exactly as uploaded. A result that
+    fails a check is refused with the reason (kept as a rejected receipt), counts against the device, and
+    changes nothing else: the unit stays leased to the device until its lease runs out. Posting a live
+    result again (a client retrying after a lost answer) returns the original receipt."""
+    touch(device)
+    output_sha = storage.sha256_hex(weights)
+    repeat = Receipt.objects.filter(unit_id=unit_id, device=device, output_sha256=output_sha,
+                                    status__in=[Receipt.Status.ACCEPTED, Receipt.Status.PENDING]).first()
+    if repeat is not None:  # the same upload again (the first answer was lost on the way): same answer
+        return repeat
+    unit, lease = services.leased_unit(device=device, unit_id=unit_id)
+    reference_bytes = storage.blob_get(unit.round.weights_sha256)
+    if len(weights) > 2 * len(reference_bytes) + 1_000_000 or len(weights) > max_bytes:
+        raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are {len(reference_bytes):,}.")
+    try:
+        evidence = _check(device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
+                          reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes,
+                          signature=signature)
+    except ResultRejected as e:
+        Receipt.objects.create(unit=unit, device=device, lease=lease, status=Receipt.Status.REJECTED,
+                               reason=f"{e.code}: {e.message}"[:500], payload=_jsonable(receipt),
+                               signature=signature[:128])
+        services.device_record_failure(device=device, reason=f"{e.code}: {e.message}")
+        log.warning("device %s unit %s rejected: %s", device.pk, unit.pk, e.message)
+        raise InvalidInput(e.message, code=e.code) from None
+
+    storage.blob_put(weights)
+    draw = reputation.draw(settings.SECRET_KEY, unit.pk, str(lease.token))
+    verify = reputation.should_reexecute(device.verified_streak, draw)
+    evidence["reexecute"] = {"rate": reputation.reexecution_rate(device.verified_streak), "chosen": verify}
+    metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
+               "train_seconds": receipt["train_seconds"], "update_norm": evidence["update_norm"]}
+    with transaction.atomic():
+        unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=output_sha,
+                                                samples=receipt["samples"], metrics=metrics, verify=verify)
+        stored = Receipt.objects.create(
+            unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
+            status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, payload=_jsonable(receipt),
+            weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
+            output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
+            loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
+            train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
+            finished_at=receipt["finished_at"],
+        )
+        if verify:
+            from .tasks import verify_unit
+
+            transaction.on_commit(lambda: verify_unit.delay(unit.pk))
+        else:
+            credit(unit=unit, receipt=stored)
+        if round_complete:
+            _aggregate_on_commit(unit.round_id)
+    return stored
+
+
+def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
+    """Verified work: charge it to the customer's hold and credit the contributor; the device gains trust."""
+    billing.unit_charge(unit=unit, contributor=receipt.device.owner)
+    services.device_record_success(device=receipt.device, seconds=receipt.train_seconds or 0.0,
+                                   work_samples=receipt.samples * unit.round.job.hparams["epochs"])
+
+
+def _aggregate_on_commit(round_id: int) -> None:
+    from jobs.tasks import aggregate_round
+
+    transaction.on_commit(lambda: aggregate_round.delay(round_id))
+
+
+def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, output_sha: str, reference_bytes: bytes,
+           receipt: dict, receipt_bytes: bytes, signature: str) -> dict:
+    """Every cheap check, cheapest first. Returns the evidence kept on the receipt."""
+    checks.check_signature(device.public_key, receipt_bytes, signature)
+    checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
+                                                    unit.samples), output_sha256=output_sha)
+    if Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED).exists():
+        raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
+    try:
+        state = tensors.bytes_to_state_dict(weights)
+    except ValueError as e:
+        raise ResultRejected("not_safetensors", f"The weights are not a safetensors file: {e}") from e
+    reference = tensors.bytes_to_state_dict(reference_bytes)
+    checks.check_state(state, reference)
+    norm = checks.update_norm(state, reference)
+    bound = checks.norm_bound([u.result_metrics.get("update_norm", 0.0) for u in WorkUnit.objects.filter(
+        round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED).only("result_metrics")])
+    checks.check_update_norm(norm, bound)
+    held = (timezone.now() - lease.created_at).total_seconds()
+    # The probe's benchmark can be far off (a busy machine measures slow); only speeds learned from this
+    # device's verified units count as its record.
+    record = device.samples_per_s if device.verified_total >= SPEED_RECORD_UNITS else 0.0
+    checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held, device_speed=record,
+                        work_samples=receipt["samples"] * unit.round.job.hparams["epochs"])
+    before, after = _shard_losses(unit, reference, state)
+    checks.check_shard_loss(before, after)
+    return {"update_norm": norm, "norm_bound": bound, "shard_loss_before": before, "shard_loss_after": after,
+            "held_seconds": round(held, 3)}
+
+
+def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, float]:
+    """Loss of the global and of the submitted weights on a few samples of the unit's own shard."""
+    X, y = jobs.load_xy(unit.shard_sha256)
+    X, y = X[:LOSS_CHECK_SAMPLES], y[:LOSS_CHECK_SAMPLES]
+    model = zoo.build_model(unit.round.job.template, unit.round.job.model_config)
+    model.load_state_dict(reference)
+    before = training.evaluate(model, X, y)["loss"]
+    model.load_state_dict(state)
+    return before, training.evaluate(model, X, y)["loss"]
+
+
+def _jsonable(receipt: dict) -> dict:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in receipt.items()}

@@ -1,0 +1,73 @@
+"""Re-execution: the trusted side runs a unit again from the same inputs and seed and compares.
+
+Local training is deterministic for a seed on CPU, so an honest result and its re-execution agree to
+rounding (other CPUs and thread counts change the last bits only); a result that was not computed as
+claimed does not. Runs in a Celery task on its own queue, inside the trust boundary.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from muninn_worker import tensors, training, zoo
+
+from jobs import services as jobs
+from jobs import storage
+
+from . import checks, results, services
+from .checks import ResultRejected
+from .models import Receipt
+
+log = logging.getLogger(__name__)
+
+
+def unit_verify(*, unit_id: int) -> Receipt | None:
+    """Re-execute the unit's pending result and accept (and credit) or reject it. Idempotent: a unit with
+    no pending result is left alone."""
+    pending = (Receipt.objects.select_related("device", "unit__round__job")
+               .filter(unit_id=unit_id, status=Receipt.Status.PENDING).first())
+    if pending is None:
+        return None
+    unit, job = pending.unit, pending.unit.round.job
+    reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
+    X, y = jobs.load_xy(unit.shard_sha256)
+    model = zoo.build_model(job.template, job.model_config)
+    model.load_state_dict(reference)
+    hp = job.hparams
+    recomputed = training.train_local(model, X, y, epochs=hp["epochs"], batch_size=hp["batch_size"], lr=hp["lr"],
+                                      momentum=hp["momentum"], seed=unit.seed).state_dict
+    submitted = tensors.bytes_to_state_dict(storage.blob_get(unit.result_sha256))
+    distance = checks.reexecution_distance(submitted, recomputed, reference)
+
+    with transaction.atomic():
+        receipt = Receipt.objects.select_for_update().get(pk=pending.pk)
+        if receipt.status != Receipt.Status.PENDING:
+            return receipt
+        receipt.verification = {**receipt.verification, "reexecution": {
+            "distance": distance, "tolerance": settings.MUNINN_REEXECUTION_TOLERANCE,
+            "at": timezone.now().isoformat()}}
+        try:
+            checks.check_reexecution(distance, settings.MUNINN_REEXECUTION_TOLERANCE)
+        except ResultRejected as e:
+            receipt.status, receipt.reason = Receipt.Status.REJECTED, f"{e.code}: {e.message}"[:500]
+            receipt.save(update_fields=["status", "reason", "verification"])
+            jobs.unit_reject(unit_id=unit.pk)
+            services.device_record_failure(device=receipt.device, reason=receipt.reason)
+            log.warning("unit %s from device %s failed re-execution: %s", unit.pk, receipt.device_id, e.message)
+            return receipt
+        receipt.status = Receipt.Status.ACCEPTED
+        receipt.save(update_fields=["status", "verification"])
+        unit, round_complete = jobs.unit_verified(unit_id=unit.pk)
+        results.credit(unit=unit, receipt=receipt)
+        if round_complete:
+            results._aggregate_on_commit(unit.round_id)
+    return receipt
+
+
+def pending_units(*, older_than_s: float = 60) -> list[int]:
+    """Units whose re-execution has waited too long (a lost task): the sweep enqueues them again."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
+    return list(Receipt.objects.filter(status=Receipt.Status.PENDING, created_at__lt=cutoff)
+                .values_list("unit_id", flat=True))

@@ -1,0 +1,22 @@
+from contributors.reputation import draw, quarantine_due, reexecution_rate, should_reexecute
+
+
+def test_new_devices_are_always_reexecuted():
+    assert all(reexecution_rate(s) == 1.0 for s in range(5))
+    assert should_reexecute(0, 0.999)
+
+
+def test_rate_falls_with_the_streak_but_never_below_the_floor():
+    rates = [reexecution_rate(s) for s in range(5, 500)]
+    assert rates == sorted(rates, reverse=True)
+    assert reexecution_rate(9) == 0.5 and reexecution_rate(499) == 0.05
+
+
+def test_draw_is_uniform_ish_stable_and_secret_dependent():
+    values = [draw("s", unit, "lease") for unit in range(2000)]
+    assert all(0 <= v < 1 for v in values) and 0.45 < sum(values) / len(values) < 0.55
+    assert draw("s", 1, "t") == draw("s", 1, "t") != draw("other", 1, "t")
+
+
+def test_quarantine_after_repeated_failures():
+    assert not quarantine_due(2) and quarantine_due(3)

@@ -1,0 +1,180 @@
+"""Verification in-process: re-execution, reputation, quarantine and forfeits, robust aggregation per job."""
+from __future__ import annotations
+
+import pytest
+import torch
+from muninn_worker import tensors
+
+from billing import selectors as ledger
+from billing.models import Transaction
+from contributors import services as contributors
+from contributors.models import Device, DeviceEvent, Receipt
+from jobs.models import Job, WorkUnit
+
+from .test_spine import assert_ledger_consistent, create_job, run_until_done
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def cheat(device, unit: dict, change) -> object:
+    """Train honestly, then change the weights, and submit them with a self-consistent signed receipt."""
+    weights, receipt = device.train(unit)
+    state = tensors.bytes_to_state_dict(weights)
+    change(state)
+    data = tensors.state_dict_to_bytes(state)
+    return device.submit(unit["id"], data, {**receipt, "output_sha256": tensors.sha256_hex(data)})
+
+
+def test_new_devices_work_is_reexecuted_and_only_then_credited(customer_api, digits_dataset, make_device):
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+
+    unit = device.claim()
+    response = device.submit(unit["id"], *device.train(unit))
+
+    assert response.status_code == 201
+    receipt = Receipt.objects.get(unit_id=unit["id"])
+    assert receipt.verification["reexecute"] == {"rate": 1.0, "chosen": True}
+    assert receipt.status == Receipt.Status.ACCEPTED  # eager Celery: the validator already agreed
+    assert receipt.verification["reexecution"]["distance"] < 1e-6
+    assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit["id"]).count() == 1
+    assert Device.objects.get(pk=device.device.pk).verified_streak == 1
+
+
+def test_work_that_was_not_done_as_claimed_fails_reexecution_and_earns_nothing(customer_api, digits_dataset,
+                                                                                make_device):
+    cheater = make_device("cheater")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = cheater.claim()
+
+    # trains on the first half of the shard only, but claims all of it
+    weights, receipt = cheater.train({**unit})
+    x = tensors.bytes_to_state_dict(weights)
+    response = cheat(cheater, unit, lambda s: s.update({k: (x[k] + s[k]) / 2 if v.is_floating_point() else v
+                                                        for k, v in s.items()}) or _perturb(s))
+
+    assert response.status_code == 201  # passes the cheap checks...
+    receipt = Receipt.objects.get(unit_id=unit["id"])
+    assert receipt.status == Receipt.Status.REJECTED  # ...but not the re-execution
+    assert receipt.reason.startswith("reexecution_mismatch")
+    assert WorkUnit.objects.get(pk=unit["id"]).status == WorkUnit.Status.QUEUED  # back in the queue
+    assert not Transaction.objects.filter(kind=Transaction.Kind.CHARGE).exists()
+    assert Device.objects.get(pk=cheater.device.pk).failures == 1
+
+
+def _perturb(state):
+    first = next(k for k in state if k.endswith("weight"))
+    state[first] = state[first] * 1.01
+
+
+@pytest.mark.parametrize("change, code", [
+    (lambda s, g: s.update(g), "no_training"),
+    (lambda s, g: s.update({k: 2 * g[k] - v if v.is_floating_point() else v for k, v in s.items()}),
+     "loss_not_improved"),
+])
+def test_untrained_or_sign_flipped_updates_fail_the_cheap_checks(customer_api, digits_dataset, make_device,
+                                                                 change, code):
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()
+    glob = tensors.bytes_to_state_dict(b"".join(device.client.get(
+        f"/api/worker/units/{unit['id']}/weights").streaming_content))
+
+    response = cheat(device, unit, lambda s: change(s, glob))
+
+    assert response.status_code == 400 and response.json()["error"]["code"] == code
+    assert Receipt.objects.get(unit_id=unit["id"]).status == Receipt.Status.REJECTED
+
+
+def test_scaled_update_is_refused_once_the_job_has_a_record(customer_api, digits_dataset, make_device):
+    scaler = make_device("scaler")
+    create_job(customer_api, digits_dataset["id"], rounds=6)
+    for _ in range(3):
+        assert scaler.work_one()  # honest at first: the job learns what its updates look like
+    unit = scaler.claim()
+    glob = tensors.bytes_to_state_dict(b"".join(scaler.client.get(
+        f"/api/worker/units/{unit['id']}/weights").streaming_content))
+
+    response = cheat(scaler, unit, lambda s: s.update(
+        {k: g + 100 * (s[k] - g) for k, g in glob.items() if g.is_floating_point()}))
+
+    assert response.status_code == 400 and response.json()["error"]["code"] == "update_too_large"
+
+
+def test_a_replayed_result_is_refused(customer_api, digits_dataset, make_device):
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=3)
+    first = device.claim()
+    weights, receipt = device.train(first)
+    assert device.submit(first["id"], weights, receipt).status_code == 201
+    second = device.claim()
+    _, honest_receipt = device.train(second)
+
+    response = device.submit(second["id"], weights, {**honest_receipt, "output_sha256": receipt["output_sha256"]})
+
+    assert response.status_code == 400 and response.json()["error"]["code"] == "replayed_result"
+
+
+def test_implausible_training_time_is_refused(customer_api, digits_dataset, make_device):
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()
+    weights, receipt = device.train(unit)
+
+    response = device.submit(unit["id"], weights, {**receipt, "train_seconds": 3600.0})
+
+    assert response.status_code == 400 and response.json()["error"]["code"] == "implausible_time"
+
+
+def test_repeated_failures_quarantine_the_device_and_forfeit_its_pending_earnings(
+        customer_api, digits_dataset, make_device, customer, staff):
+    device = make_device("turncoat")
+    create_job(customer_api, digits_dataset["id"], rounds=5)
+    assert device.work_one()  # one honest, credited unit first
+    earned = ledger.balances_for(user=device.device.owner)["contributor_pending"]
+    assert earned > 0
+    glob_of = lambda u: tensors.bytes_to_state_dict(b"".join(device.client.get(  # noqa: E731
+        f"/api/worker/units/{u['id']}/weights").streaming_content))
+
+    unit = device.claim()
+    glob = glob_of(unit)
+    for _ in range(3):  # a sign-flipped update, three times
+        response = cheat(device, unit, lambda s: s.update(
+            {k: 2 * g - s[k] for k, g in glob.items() if g.is_floating_point()}))
+        assert response.status_code == 400
+
+    quarantined = Device.objects.get(pk=device.device.pk)
+    assert quarantined.quarantined_at is not None and "loss_not_improved" in quarantined.quarantine_reason
+    claim = device.client.post("/api/worker/claim", {}, format="json")
+    assert claim.status_code == 403 and claim.json()["error"]["code"] == "device_quarantined"
+    assert ledger.balances_for(user=device.device.owner)["contributor_pending"] == 0  # forfeited...
+    assert Transaction.objects.filter(kind=Transaction.Kind.FORFEIT).count() == 1  # ...back to the customer
+    assert ledger.ledger_total() == 0
+
+    contributors.device_lift_quarantine(device=quarantined, staff=staff, reason="reviewed: owner fixed it")
+    assert device.client.post("/api/worker/claim", {}, format="json").status_code in (200, 204)
+    assert list(DeviceEvent.objects.filter(device=quarantined).values_list("kind", flat=True))[:2] == [
+        "lifted", "quarantined"]
+
+
+def test_trusted_devices_are_reexecuted_rarely(customer_api, digits_dataset, make_device):
+    device = make_device()
+    Device.objects.filter(pk=device.device.pk).update(verified_streak=10_000)
+    job = create_job(customer_api, digits_dataset["id"], rounds=20)
+
+    run_until_done([device], job["id"])
+
+    chosen = [r.verification["reexecute"]["chosen"] for r in Receipt.objects.filter(status="accepted")]
+    assert len(chosen) == 20 and sum(chosen) <= 5  # rate 5%: a handful at most
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean", "norm_clip"])
+def test_jobs_run_with_a_robust_aggregation_rule(customer_api, digits_dataset, make_device, rule):
+    devices = [make_device(f"d{i}") for i in range(3)]
+    job = create_job(customer_api, digits_dataset["id"], rounds=2, aggregation=rule)
+
+    done = run_until_done(devices, job["id"])
+
+    assert done.status == Job.Status.SUCCEEDED and done.aggregation == rule
+    assert done.metrics["test_accuracy"] > 0.8
+    assert_ledger_consistent(done)
