@@ -83,6 +83,7 @@ class DeviceEvent(models.Model):
 
     class Kind(models.TextChoices):
         FAILURE = "failure", "Failed result"
+        REFUSED = "refused", "Refused request (not its unit, too large)"
         QUARANTINED = "quarantined", "Quarantined"
         LIFTED = "lifted", "Quarantine lifted"
 

@@ -12,12 +12,12 @@ from billing import services as billing
 from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
-from muninn.errors import InvalidInput, TooLarge
+from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 
 from . import checks, reputation, services
 from .authentication import touch
 from .checks import Expected, ResultRejected
-from .models import Device, Lease, Receipt
+from .models import Device, DeviceEvent, Lease, Receipt
 
 log = logging.getLogger(__name__)
 LOSS_CHECK_SAMPLES = 64
@@ -30,19 +30,25 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     reputation calls for it, hold it for re-execution (credited only if the re-execution agrees).
 
     The signature is checked over `receipt_bytes`, the receipt JSON exactly as uploaded. A result that
-    fails a check is refused with the reason (kept as a rejected receipt), counts against the device, and
-    changes nothing else: the unit stays leased to the device until its lease runs out. Posting a live
-    result again (a client retrying after a lost answer) returns the original receipt."""
+    fails a check is refused with the reason (kept as a rejected receipt), counts against the device, earns
+    nothing, and its unit goes back to the queue for another device. Posting a live result again (a client
+    retrying after a lost answer) returns the original receipt."""
     touch(device)
     output_sha = storage.sha256_hex(weights)
     repeat = Receipt.objects.filter(unit_id=unit_id, device=device, output_sha256=output_sha,
                                     status__in=[Receipt.Status.ACCEPTED, Receipt.Status.PENDING]).first()
     if repeat is not None:  # the same upload again (the first answer was lost on the way): same answer
         return repeat
-    unit, lease = services.leased_unit(device=device, unit_id=unit_id)
-    reference_bytes = storage.blob_get(unit.round.weights_sha256)
-    if len(weights) > 2 * len(reference_bytes) + 1_000_000 or len(weights) > max_bytes:
-        raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are {len(reference_bytes):,}.")
+    try:
+        unit, lease = services.leased_unit(device=device, unit_id=unit_id)
+        reference_bytes = storage.blob_get(unit.round.weights_sha256)
+        if len(weights) > 2 * len(reference_bytes) + 1_000_000 or len(weights) > max_bytes:
+            raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are "
+                           f"{len(reference_bytes):,}.")
+    except (Conflict, NotFound, TooLarge) as e:
+        DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.REFUSED,
+                                   reason=f"result for unit {unit_id}: {e.code}: {e.message}"[:500])
+        raise
     try:
         evidence = _check(device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
                           reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes,
@@ -51,6 +57,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         Receipt.objects.create(unit=unit, device=device, lease=lease, status=Receipt.Status.REJECTED,
                                reason=f"{e.code}: {e.message}"[:500], payload=_jsonable(receipt),
                                signature=signature[:128])
+        jobs.unit_release(unit_id=unit.pk, lease_token=lease.token)
         services.device_record_failure(device=device, reason=f"{e.code}: {e.message}")
         log.warning("device %s unit %s rejected: %s", device.pk, unit.pk, e.message)
         raise InvalidInput(e.message, code=e.code) from None

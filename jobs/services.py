@@ -339,6 +339,13 @@ def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
     return unit, rnd.status == Round.Status.OPEN and _round_complete(rnd)
 
 
+def unit_release(*, unit_id: int, lease_token: uuid.UUID) -> bool:
+    """The lease holder's result was refused: the unit goes back to the queue at once, open to any device."""
+    return bool(WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.LEASED, lease_token=lease_token).update(
+        status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
+        reserved_until=None))
+
+
 def unit_reject(*, unit_id: int) -> WorkUnit:
     """A re-execution disagreed: drop the result and queue the unit again, open to any device."""
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)

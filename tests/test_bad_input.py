@@ -80,9 +80,11 @@ def leased(customer_api, digits_dataset, make_device):
     return {"job": job, "device": device, "unit": unit, "weights": weights, "receipt": receipt}
 
 
-def assert_nothing_changed(leased) -> None:
+def assert_nothing_changed(leased, *, refused: bool = True) -> None:
+    """No result, no credit, the job where it was; a refused result sends its unit back to the queue."""
     unit = WorkUnit.objects.get(pk=leased["unit"]["id"])
-    assert unit.status == WorkUnit.Status.LEASED and not unit.result_sha256
+    assert unit.status == (WorkUnit.Status.QUEUED if refused else WorkUnit.Status.LEASED)
+    assert not unit.result_sha256
     assert not Transaction.objects.filter(kind=Transaction.Kind.CHARGE).exists()
     assert not Receipt.objects.filter(status=Receipt.Status.ACCEPTED).exists()
     assert Job.objects.get(pk=leased["job"]["id"]).current_round == 1
@@ -96,7 +98,8 @@ def test_result_for_someone_elses_unit_is_refused(leased, make_device):
     assert response.status_code == 409
     assert error_of(response)["code"] == "lease_lost"
     assert intruder.client.get(f"/api/worker/units/{leased['unit']['id']}/weights").status_code == 409
-    assert_nothing_changed(leased)
+    assert_nothing_changed(leased, refused=False)  # the holder's lease is untouched
+    assert "not leased to this device" in intruder.device.events.get(kind="refused").reason
 
 
 def _with(leased, state_change) -> tuple[bytes, dict]:
@@ -147,23 +150,26 @@ def test_receipt_that_does_not_match_the_upload_is_refused(leased):
     assert_nothing_changed(leased)
 
 
-def test_unsigned_or_forged_receipt_is_refused(leased, make_device):
-    device, unit_id = leased["device"], leased["unit"]["id"]
-    other_key = make_device("other").signing_key
+@pytest.mark.parametrize("variant, code", [
+    ("unsigned", "no_signature"), ("garbage", "bad_signature"), ("other_key", "bad_signature"),
+    ("re_serialised", "bad_signature"),
+])
+def test_unsigned_or_forged_receipt_is_refused(leased, make_device, variant, code):
+    device, unit_id, receipt = leased["device"], leased["unit"]["id"], leased["receipt"]
+    body = json.dumps(receipt)
+    signature = {
+        "unsigned": "",
+        "garbage": "bm90IGEgc2lnbmF0dXJl",
+        "other_key": signing.sign(make_device("other").signing_key, body.encode()),
+        "re_serialised": signing.sign(device.signing_key, body.encode()),
+    }[variant]
+    sent = body.replace(", ", ",") if variant == "re_serialised" else body  # same JSON, other bytes
 
-    unsigned = device.submit(unit_id, leased["weights"], leased["receipt"], signature="")
-    garbage = device.submit(unit_id, leased["weights"], leased["receipt"], signature="bm90IGEgc2lnbmF0dXJl")
-    forged = device.submit(unit_id, leased["weights"], leased["receipt"],
-                           signature=signing.sign(other_key, json.dumps(leased["receipt"]).encode()))
-    tampered_body = json.dumps(leased["receipt"])
-    tampered = device.client.post(  # signed, then re-serialised differently: the bytes no longer match
-        f"/api/worker/units/{unit_id}/result",
-        {"weights": io.BytesIO(leased["weights"]), "receipt": tampered_body.replace(", ", ","),
-         "signature": signing.sign(device.signing_key, tampered_body.encode())}, format="multipart")
+    response = device.client.post(f"/api/worker/units/{unit_id}/result",
+                                  {"weights": io.BytesIO(leased["weights"]), "receipt": sent, "signature": signature},
+                                  format="multipart")
 
-    assert unsigned.status_code == 400 and error_of(unsigned)["code"] == "no_signature"
-    for response in (garbage, forged, tampered):
-        assert response.status_code == 400 and error_of(response)["code"] == "bad_signature"
+    assert response.status_code == 400 and error_of(response)["code"] == code
     assert_nothing_changed(leased)
 
 
@@ -189,7 +195,7 @@ def test_malformed_receipt_is_refused(leased):
     missing = device.submit(unit_id, leased["weights"], {k: v for k, v in leased["receipt"].items() if k != "samples"})
     assert not_json.status_code == 400 and error_of(not_json)["code"] == "bad_receipt"
     assert missing.status_code == 400 and "samples" in error_of(missing)["message"]
-    assert_nothing_changed(leased)
+    assert_nothing_changed(leased, refused=False)  # unreadable requests never reach the checks
 
 
 def test_worker_api_needs_a_device_token(leased, customer_api):
@@ -199,5 +205,5 @@ def test_worker_api_needs_a_device_token(leased, customer_api):
     anonymous = APIClient()
     anonymous.credentials(HTTP_AUTHORIZATION="Device not-a-real-token")
     assert anonymous.post("/api/worker/claim").status_code == 401
-    assert_nothing_changed(leased)
+    assert_nothing_changed(leased, refused=False)
     assert Entry.objects.exists()  # the customer's credit and the job's hold are still there

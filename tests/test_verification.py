@@ -84,6 +84,7 @@ def test_untrained_or_sign_flipped_updates_fail_the_cheap_checks(customer_api, d
 
     assert response.status_code == 400 and response.json()["error"]["code"] == code
     assert Receipt.objects.get(unit_id=unit["id"]).status == Receipt.Status.REJECTED
+    assert WorkUnit.objects.get(pk=unit["id"]).status == WorkUnit.Status.QUEUED  # back for another device
 
 
 def test_scaled_update_is_refused_once_the_job_has_a_record(customer_api, digits_dataset, make_device):
@@ -136,11 +137,11 @@ def test_repeated_failures_quarantine_the_device_and_forfeit_its_pending_earning
     glob_of = lambda u: tensors.bytes_to_state_dict(b"".join(device.client.get(  # noqa: E731
         f"/api/worker/units/{u['id']}/weights").streaming_content))
 
-    unit = device.claim()
-    glob = glob_of(unit)
-    for _ in range(3):  # a sign-flipped update, three times
-        response = cheat(device, unit, lambda s: s.update(
-            {k: 2 * g - s[k] for k, g in glob.items() if g.is_floating_point()}))
+    for _ in range(3):  # a sign-flipped update, three times (each refusal sends the unit back to the queue)
+        unit = device.claim()
+        glob = glob_of(unit)
+        response = cheat(device, unit, lambda s, g=glob: s.update(
+            {k: 2 * v - s[k] for k, v in g.items() if v.is_floating_point()}))
         assert response.status_code == 400
 
     quarantined = Device.objects.get(pk=device.device.pk)
