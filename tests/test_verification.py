@@ -179,3 +179,41 @@ def test_jobs_run_with_a_robust_aggregation_rule(customer_api, digits_dataset, m
     assert done.status == Job.Status.SUCCEEDED and done.aggregation == rule
     assert done.metrics["test_accuracy"] > 0.8
     assert_ledger_consistent(done)
+
+
+def _run_market(devices, malicious, job_id: int) -> Job:
+    """Every device works in turn until the job ends; malicious ones sign-flip their updates."""
+    for _ in range(400):
+        job = Job.objects.get(pk=job_id)
+        if job.is_ended:
+            return job
+        for device in devices:
+            claim = device.client.post("/api/worker/claim", {}, format="json")
+            if claim.status_code != 200:
+                continue
+            unit = claim.json()["unit"]
+            if device in malicious:
+                glob = tensors.bytes_to_state_dict(b"".join(device.client.get(
+                    f"/api/worker/units/{unit['id']}/weights").streaming_content))
+                cheat(device, unit, lambda s, g=glob: s.update(
+                    {k: 2 * v - s[k] for k, v in g.items() if v.is_floating_point()}))
+            else:
+                assert device.submit(unit["id"], *device.train(unit)).status_code == 201
+    raise AssertionError("the job did not finish")
+
+
+def test_a_fifth_of_malicious_devices_costs_less_than_a_point_of_accuracy(customer_api, digits_dataset, make_device):
+    devices = [make_device(f"d{i}") for i in range(5)]
+    honest_job = create_job(customer_api, digits_dataset["id"], rounds=3, aggregation="trimmed_mean")
+    honest = _run_market(devices, [], honest_job["id"])
+    # the same market, where one device in five (trusted by now: rarely re-executed) turns malicious
+    Device.objects.filter(pk=devices[0].device.pk).update(verified_streak=10_000)
+    attacked_job = create_job(customer_api, digits_dataset["id"], rounds=3, aggregation="trimmed_mean")
+
+    attacked = _run_market(devices, devices[:1], attacked_job["id"])
+
+    assert honest.status == attacked.status == Job.Status.SUCCEEDED
+    assert attacked.metrics["test_accuracy"] >= honest.metrics["test_accuracy"] - 0.01
+    assert not Receipt.objects.filter(device=devices[0].device, unit__round__job=attacked,
+                                      status=Receipt.Status.ACCEPTED).exists()
+    assert_ledger_consistent(attacked)

@@ -1,0 +1,122 @@
+"""A worker client that cheats, for the attack suite: one process per class of cheating.
+
+    python -m tests.attacks.cheater --config worker.json --cache-dir DIR --strategy sign_flip
+
+It speaks the real protocol with the real client library (muninn_worker.api), trains with the real
+training loop where the strategy needs an honest starting point, and then lies in one specific way.
+It stops when the site quarantines it (403), after --max-units, or after --idle seconds without work.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import pickle
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from muninn_worker import signing, tensors, training, zoo
+from muninn_worker.api import ApiClient, ApiError
+from muninn_worker.config import load_config
+from muninn_worker.receipt import build_receipt
+
+log = logging.getLogger("cheater")
+STRATEGIES = ("no_training", "partial_shard", "random_noise", "scaled", "sign_flip", "replay", "forged_signature",
+              "other_lease", "nan", "wrong_shape", "oversized", "pickle")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class Cheater:
+    def __init__(self, client: ApiClient, strategy: str, cache_dir: str):
+        self.client, self.strategy, self.cache_dir = client, strategy, cache_dir
+        self.previous_output: bytes | None = None
+
+    def work(self, unit: dict) -> None:
+        glob_bytes = self.client.download(unit["id"], "weights", unit["weights_sha256"], self.cache_dir)
+        shard = self.client.download(unit["id"], "shard", unit["shard_sha256"], self.cache_dir)
+        glob = tensors.bytes_to_state_dict(glob_bytes)
+        X, y = tensors.bytes_to_shard(shard)
+        if self.strategy == "partial_shard":
+            X, y = X[: len(y) // 3], y[: len(y) // 3]
+        model = zoo.build_model(unit["template"], unit["model_config"])
+        model.load_state_dict(glob)
+        started = _now()
+        result = training.train_local(model, X, y, **unit["train"])
+        result = dataclasses.replace(result, samples=unit["samples"])  # partial_shard claims the whole shard
+        state = dict(result.state_dict)
+        payload = self.tamper(unit, glob, state, glob_bytes)
+        receipt = build_receipt(unit, result, output_sha256=tensors.sha256_hex(payload), started_at=started,
+                                finished_at=_now())
+        target = unit["id"]
+        if self.strategy == "other_lease":  # a unit that is someone else's (or nobody's)
+            target = unit["id"] + 1
+        try:
+            answer = self.client.submit_result(target, payload, receipt)
+            log.info("unit %s: %s", target, answer)
+        except ApiError as exc:
+            log.info("unit %s refused: %s %s", target, exc.code, exc.message)
+        if self.previous_output is None:
+            self.previous_output = tensors.state_dict_to_bytes(result.state_dict)
+
+    def tamper(self, unit: dict, glob: dict, state: dict, glob_bytes: bytes) -> bytes:
+        floating = [k for k, v in glob.items() if v.is_floating_point()]
+        s = self.strategy
+        if s == "no_training":
+            return glob_bytes
+        if s == "random_noise":
+            state = {k: torch.randn_like(v) if k in floating else v for k, v in state.items()}
+        elif s == "scaled":
+            state = {k: glob[k] + 100 * (v - glob[k]) if k in floating else v for k, v in state.items()}
+        elif s == "sign_flip":
+            state = {k: glob[k] - (v - glob[k]) if k in floating else v for k, v in state.items()}
+        elif s == "replay" and self.previous_output is not None:
+            return self.previous_output
+        elif s == "nan":
+            first = floating[-1]
+            state[first] = state[first].clone()
+            state[first].view(-1)[0] = float("nan")
+        elif s == "wrong_shape":
+            first = floating[-1]
+            state[first] = torch.zeros(3, 3)
+        elif s == "oversized":
+            return tensors.state_dict_to_bytes(state) + bytes(8 << 20)
+        elif s == "pickle":
+            return pickle.dumps({k: v.numpy() for k, v in state.items()})
+        return tensors.state_dict_to_bytes(state)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--strategy", choices=STRATEGIES, required=True)
+    parser.add_argument("--max-units", type=int, default=6)
+    parser.add_argument("--idle", type=float, default=30.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(1)
+    config = load_config(Path(args.config))
+    key = signing.new_private_key() if args.strategy == "forged_signature" else config.signing_key
+    client = ApiClient(config.server, device_token=config.device_token, signing_key=key, attempts=3)
+    cheater, done, idle_since = Cheater(client, args.strategy, args.cache_dir), 0, time.monotonic()
+    while done < args.max_units and time.monotonic() - idle_since < args.idle:
+        try:
+            unit = client.claim()
+        except ApiError as exc:
+            log.info("claim refused: %s %s", exc.code, exc.message)
+            return 0 if exc.status == 403 else 1
+        if unit is None:
+            time.sleep(0.3)
+            continue
+        cheater.work(unit)
+        done, idle_since = done + 1, time.monotonic()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""The attack suite: real cheating worker-client processes, one per class of cheating, against a live site
+(gunicorn, a Celery worker with the validation queue, beat) beside honest devices with different thread
+counts. Every cheat is refused with its reason and earns nothing; the job still finishes; no honest
+result is ever rejected."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from accounts import services as accounts
+from accounts.models import User
+from billing import selectors as ledger
+from billing.models import Transaction
+from contributors.models import Device, DeviceEvent, Receipt
+from jobs.models import Job
+from scripts.stack import free_port
+
+from .attacks.cheater import STRATEGIES
+from .conftest import digits_npz
+from .test_e2e import customer_session, market, stack, wait_until_ended  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+# What each cheat must be refused for (any of these codes, in a rejected receipt or a refused request).
+EXPECTED = {
+    "no_training": {"no_training", "replayed_result"},
+    "partial_shard": {"reexecution_mismatch"},
+    "random_noise": {"loss_not_improved", "update_too_large", "reexecution_mismatch"},
+    "scaled": {"update_too_large", "loss_not_improved", "reexecution_mismatch"},
+    "sign_flip": {"loss_not_improved", "reexecution_mismatch"},
+    "replay": {"replayed_result", "reexecution_mismatch"},
+    "forged_signature": {"bad_signature"},
+    "other_lease": {"lease_lost", "not_found"},
+    "nan": {"not_finite"},
+    "wrong_shape": {"wrong_shape"},
+    "oversized": {"too_large"},
+    "pickle": {"not_safetensors"},
+}
+
+
+def refusal_codes(device: Device) -> set[str]:
+    rejected = {r.reason.split(":")[0] for r in device.receipts.filter(status=Receipt.Status.REJECTED)}
+    refused = {e.reason.split(": ")[1] for e in device.events.filter(kind=DeviceEvent.Kind.REFUSED)}
+    return rejected | refused
+
+
+def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, market):  # noqa: F811
+    stack.env.update(MUNINN_LEASE_SECONDS="8", MUNINN_RESERVATION_SECONDS="3")
+    customer, contributor = market
+    mallory = accounts.user_create(username="mallory", password="mallory-pass-1", role=User.Role.CONTRIBUTOR)
+    url = stack.web(free_port())
+    stack.celery_worker()
+    stack.celery_beat()
+    honest = {name: stack.register_device(url, accounts.token_for(user=contributor), name)
+              for name in ("honest-1-thread", "honest-2-threads")}
+    cheaters = {s: stack.register_device(url, accounts.token_for(user=mallory), f"cheat-{s}") for s in STRATEGIES}
+    api = customer_session(customer)
+    dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
+    job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 3, "seed": 2,
+                                            "start": True}).json()
+
+    for name, threads in (("honest-1-thread", "1"), ("honest-2-threads", "2")):
+        stack.worker_client(name, honest[name], "--threads", threads, "--poll-interval", "0.2")
+    for strategy, config in cheaters.items():
+        stack.spawn(f"cheat-{strategy}", [sys.executable, "-m", "tests.attacks.cheater", "--config", str(config),
+                                          "--cache-dir", str(stack.log_dir / f"cache-{strategy}"),
+                                          "--strategy", strategy])
+    job = wait_until_ended(api, url, job)
+    logs = "\n".join(f"--- {n}\n{stack.log(n)[-1500:]}" for n in ("web", "celery-worker", "honest-1-thread"))
+
+    assert job["status"] == "succeeded", logs
+    assert job["metrics"]["test_accuracy"] >= 0.85
+    for strategy in STRATEGIES:
+        device = Device.objects.get(name=f"cheat-{strategy}")
+        codes = refusal_codes(device)
+        assert codes & EXPECTED[strategy], (strategy, codes, stack.log(f"cheat-{strategy}")[-2000:])
+    honest_devices = Device.objects.filter(name__startswith="honest-")
+    assert not Receipt.objects.filter(device__in=honest_devices, status=Receipt.Status.REJECTED).exists()
+    assert all(d.failures == 0 for d in honest_devices)  # false rejections: 0
+
+    done = Job.objects.get(pk=job["id"])
+    assert ledger.ledger_total() == 0
+    for charge in Transaction.objects.filter(kind=Transaction.Kind.CHARGE, job=done):
+        accepted = Receipt.objects.get(unit=charge.unit, status=Receipt.Status.ACCEPTED)
+        if accepted.device.owner == mallory:  # a cheater is credited only for honest work: the replayer's
+            assert accepted.device.name == "cheat-replay"  # first unit, whose bytes it replayed later
+            assert Receipt.objects.filter(output_sha256=accepted.output_sha256).order_by("id").first() == accepted
+    money = ledger.job_money(job=done)
+    assert money["charged"] <= money["quoted"] and money["held"] == 0
