@@ -148,6 +148,7 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 10.0},
     "clear-earnings": {"task": "billing.tasks.clear_earnings", "schedule": 600.0},
+    "retry-approved-payouts": {"task": "billing.tasks.retry_approved_payouts", "schedule": 300.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
