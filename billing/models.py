@@ -40,6 +40,7 @@ class Transaction(models.Model):
         CHARGE = "charge", "Charge for verified work"
         RELEASE = "release", "Release of an unused hold"
         CLEAR = "clear", "Earnings cleared"
+        FORFEIT = "forfeit", "Earnings forfeited (work found fraudulent), refunded"
         PAYOUT_REQUEST = "payout_request", "Payout requested"
         PAYOUT = "payout", "Payout transferred"
         PAYOUT_RETURN = "payout_return", "Payout returned (rejected, failed or reversed)"

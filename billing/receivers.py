@@ -1,4 +1,4 @@
-"""billing/ listens to jobs/: a started job accepts its quote and places its hold, an ended job releases what is left."""
+"""billing/ listens to jobs/: a started job accepts its quote and places its hold; an ended job releases the rest."""
 from django.dispatch import receiver
 
 from jobs.signals import job_ended, job_started

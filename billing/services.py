@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -92,10 +93,11 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
     devices = list(online_capacity(min_memory_bytes=est.peak_memory_bytes)) if online_capacity else []
     samples_per_round = est.flops_per_round // max(est.flops_per_sample * plan.hparams["epochs"], 1)
     now = now or timezone.now()
+    rate = settings.MUNINN_PRICE_PER_HU
     return Quote.objects.create(
         customer=customer, dataset=dataset, template=template, hparams=plan.hparams, rounds=rounds,
-        flops=est.flops_total, price=money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True),
-        price_per_hu=settings.MUNINN_PRICE_PER_HU, currency=settings.MUNINN_CURRENCY,
+        flops=est.flops_total, price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
+        currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
         expected_seconds=pricing.expected_wall_seconds(
             samples_per_round=samples_per_round, epochs=plan.hparams["epochs"], rounds=rounds,
@@ -137,7 +139,7 @@ def _quote_for_start(*, job, quote_id, now: datetime) -> Quote:
                            rounds=job.rounds, now=now)
     try:
         quote = Quote.objects.select_for_update().filter(pk=quote_id, customer=job.owner).first()
-    except Exception as e:  # a malformed UUID
+    except ValidationError as e:  # not a UUID
         raise InvalidInput(f"{quote_id!r} is not a quote id.", code="bad_quote") from e
     if quote is None:
         raise NotFound(f"There is no quote {quote_id}.")
@@ -223,20 +225,45 @@ def hold_release(*, job) -> Transaction | None:
         )
 
 
-# --- Clearing -------------------------------------------------------------------------------------
+# --- Clearing and forfeiture ------------------------------------------------------------------------
+
+def earnings_forfeit(*, unit, staff, reason: str) -> Transaction:
+    """Work found fraudulent before its earnings cleared: the contributor's pending share and the platform's fee
+    for the unit go back to the customer's balance. Refused once the earnings have cleared (they may be paid)."""
+    if not reason.strip():
+        raise InvalidInput("Say why the work is forfeited.", code="reason_required")
+    with transaction.atomic():
+        charge = Transaction.objects.select_for_update().filter(kind=Transaction.Kind.CHARGE, unit=unit).first()
+        if charge is None:
+            raise NotFound(f"Unit {unit.pk} was never charged.")
+        done = charge.followups.filter(kind__in=[Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT]).first()
+        if done is not None and done.kind == Transaction.Kind.FORFEIT:
+            return done
+        if done is not None:
+            raise Conflict(f"The earnings for unit {unit.pk} have already cleared; they can no longer be forfeited.",
+                           code="already_cleared")
+        entries = list(charge.entries.select_related("account").exclude(account__kind=Kind.CUSTOMER_HELD))
+        refund = sum(e.amount for e in entries)
+        return ledger_post(
+            key=f"forfeit:charge:{charge.pk}", kind=Transaction.Kind.FORFEIT, source=charge, job=charge.job,
+            unit=unit, flops=charge.flops, created_by=staff, memo=f"unit {unit.pk} forfeited: {reason}",
+            lines=[*[(e.account, -e.amount) for e in entries],
+                   (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=charge.job.owner), refund)])
+
 
 def earnings_clear(*, now: datetime | None = None) -> int:
     """Pending earnings older than the holding period become available, charge by charge (until then, work
     found fraudulent can still be forfeited). Safe to run any number of times, from any number of processes.
     Returns how many charges were cleared."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_EARNINGS_HOLD_SECONDS)
+    settled = [Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT]
     due = (Transaction.objects.filter(kind=Transaction.Kind.CHARGE, created_at__lte=cutoff)
-           .exclude(followups__kind=Transaction.Kind.CLEAR).values_list("id", flat=True))
+           .exclude(followups__kind__in=settled).values_list("id", flat=True))
     cleared = 0
     for charge_id in list(due):
         with transaction.atomic():
             charge = Transaction.objects.select_for_update().get(pk=charge_id)
-            if charge.followups.filter(kind=Transaction.Kind.CLEAR).exists():
+            if charge.followups.filter(kind__in=settled).exists():
                 continue
             pending = charge.entries.filter(account__kind=Kind.CONTRIBUTOR_PENDING).select_related("account").first()
             lines = []

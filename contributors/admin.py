@@ -37,6 +37,8 @@ from django.utils.html import format_html  # noqa: E402
 from billing import money  # noqa: E402
 from billing import payouts as billing_payouts  # noqa: E402
 from billing import selectors as ledger  # noqa: E402
+from billing import services as billing_services  # noqa: E402
+from jobs.models import WorkUnit  # noqa: E402
 from billing.models import Payout, PayoutAccount, Transaction  # noqa: E402
 from muninn.errors import MuninnError  # noqa: E402
 
@@ -58,6 +60,7 @@ def payout_evidence(payout: Payout) -> dict:
             "hu": money.flops_to_hu(txn.flops), "earned": money.format_money(earned, payout.currency),
             "receipt": Receipt.objects.filter(unit_id=txn.unit_id, status=Receipt.Status.ACCEPTED).first(),
             "cleared": any(f.kind == Transaction.Kind.CLEAR for f in txn.followups.all()),
+            "forfeited": any(f.kind == Transaction.Kind.FORFEIT for f in txn.followups.all()),
         })
     return {
         "devices": devices, "charges": charges,
@@ -108,8 +111,9 @@ class PayoutAdmin(admin.ModelAdmin):
                      name="billing_payout_review")] + super().get_urls()
 
     def review_view(self, request, payout_id: int):
-        """The evidence, and approve (→ Stripe transfer) or reject with a reason. Decided by the services, which
-        lock the payout: two reviewers deciding at once, one wins and the other is told."""
+        """The evidence, and approve (→ Stripe transfer) or reject with a reason; or forfeit one unit's earnings
+        before they clear. Decided by the services, which lock the rows: two reviewers deciding at once, one wins
+        and the other is told."""
         payout = get_object_or_404(Payout.objects.select_related("contributor", "reviewed_by"), pk=payout_id)
         if request.method == "POST":
             if not self.has_change_permission(request, payout):
@@ -117,7 +121,11 @@ class PayoutAdmin(admin.ModelAdmin):
                 return redirect(request.path)
             reason = request.POST.get("reason", "")
             try:
-                if request.POST.get("decision") == "approve":
+                if request.POST.get("decision") == "forfeit":
+                    unit = get_object_or_404(WorkUnit, pk=request.POST.get("unit") or 0)
+                    billing_services.earnings_forfeit(unit=unit, staff=request.user, reason=reason)
+                    messages.success(request, f"The earnings of unit {unit.pk} were forfeited and refunded.")
+                elif request.POST.get("decision") == "approve":
                     payout = billing_payouts.payout_approve(payout_id=payout.pk, staff=request.user, reason=reason)
                     level = messages.SUCCESS if payout.status == Payout.Status.PAID else messages.WARNING
                     messages.add_message(request, level, f"Payout {payout.pk}: {payout.get_status_display()}.")

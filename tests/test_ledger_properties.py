@@ -12,7 +12,8 @@ import pytest
 from django.db.models import Sum
 from django.utils import timezone
 from hypothesis import HealthCheck, settings as hsettings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 from accounts import services as accounts
 from accounts.models import User
@@ -142,6 +143,16 @@ class MoneyMachine(RuleBasedStateMachine):
 
     # --- earnings and payouts ----------------------------------------------------------------------------
     @precondition(lambda self: _balance(self, Account.Kind.CONTRIBUTOR_PENDING) > 0)
+    @rule(pick=PICK)
+    def forfeit(self, pick):
+        settled = [Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT]
+        open_charges = list(Transaction.objects.filter(kind=Transaction.Kind.CHARGE, job__owner=self.customer)
+                            .exclude(followups__kind__in=settled).order_by("id"))
+        if open_charges:
+            services.earnings_forfeit(unit=open_charges[pick % len(open_charges)].unit, staff=self.staff,
+                                      reason="found fraudulent")
+
+    @precondition(lambda self: _balance(self, Account.Kind.CONTRIBUTOR_PENDING) > 0)
     @rule(wait=st.booleans())
     def clear_earnings(self, wait):
         if wait:  # the beat task runs once the holding period has passed
@@ -215,9 +226,10 @@ class MoneyMachine(RuleBasedStateMachine):
         b = ledger.balances_for(user=self.contributor)
         earned = sum(b.get(k, 0) for k in (Account.Kind.CONTRIBUTOR_PENDING, Account.Kind.CONTRIBUTOR_AVAILABLE,
                                            Account.Kind.CONTRIBUTOR_IN_REVIEW, Account.Kind.CONTRIBUTOR_PAID_OUT))
-        credited = Entry.objects.filter(account__owner=self.contributor, account__kind=Account.Kind.CONTRIBUTOR_PENDING,
-                                        transaction__kind=Transaction.Kind.CHARGE).aggregate(s=Sum("amount"))["s"] or 0
-        assert earned == credited
+        pending = Entry.objects.filter(account__owner=self.contributor, account__kind=Account.Kind.CONTRIBUTOR_PENDING)
+        credited = pending.filter(transaction__kind=Transaction.Kind.CHARGE).aggregate(s=Sum("amount"))["s"] or 0
+        forfeited = -(pending.filter(transaction__kind=Transaction.Kind.FORFEIT).aggregate(s=Sum("amount"))["s"] or 0)
+        assert earned == credited - forfeited
 
 
 @pytest.fixture
@@ -243,7 +255,8 @@ def test_money_invariants_hold_along_every_path(market_settings):
         ("market", {}), ("top_up", {"euros": 200}), ("replay_webhook", {"pick": 0}),
         ("quote", {"rounds": 1, "epochs": 2}), ("time_passes", {"hours": 1}), ("start_job", {"pick": 1}),  # expired
         ("quote", {"rounds": 3, "epochs": 1}), ("start_job", {"pick": 2}), ("start_job", {"pick": 2}),  # used
-        ("rejected_unit", {}), ("verified_units", {"units": 1}), ("cancel_a_job", {"coin": 0}),
+        ("rejected_unit", {}), ("verified_units", {"units": 1}), ("forfeit", {"pick": 0}),
+        ("cancel_a_job", {"coin": 0}),
         ("clear_earnings", {"wait": False}), ("clear_earnings", {"wait": True}),
         ("request_payout", {"percent": 200}), ("request_payout", {"percent": 30}), ("approve", {"coin": 1, "pick": 0}),
         ("request_payout", {"percent": 30}), ("approve", {"coin": 0, "pick": 0}),

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from billing import money, payouts, services
 from billing import selectors as ledger
 from billing.models import Payout, PayoutAccount, PayoutAudit, Transaction
-from billing.tasks import clear_earnings
+from billing.tasks import clear_earnings, retry_approved_payouts
 
 from .conftest import cleared, post_webhook
 from .fake_stripe import event
@@ -156,6 +156,21 @@ def test_reversed_transfer_returns_the_money_to_available(ready, contributor_api
     assert balance(ready, "contributor_available") == available and balance(ready, "contributor_paid_out") == 0
 
 
+def test_a_payout_approved_but_never_transferred_is_transferred_by_the_beat_task(ready, contributor_api, staff,
+                                                                               fake_stripe):
+    payout_id = request_payout(contributor_api, "10.00").json()["id"]
+    # The process died between approving and transferring: approved a while ago, no transfer.
+    Payout.objects.filter(pk=payout_id).update(status=Payout.Status.APPROVED, reviewed_by=staff,
+                                               reviewed_at=timezone.now() - timedelta(minutes=10))
+
+    assert retry_approved_payouts() == 1
+    assert retry_approved_payouts() == 0
+
+    assert Payout.objects.get(pk=payout_id).status == Payout.Status.PAID
+    assert len(fake_stripe.calls("/v1/transfers")) == 1
+    assert balance(ready, "contributor_paid_out") == money.to_nanos("10")
+
+
 def test_staff_review_the_evidence_in_the_admin_and_approve(ready, contributor_api, staff, fake_stripe):
     payout_id = request_payout(contributor_api, "10.00").json()["id"]
     browser = Client()
@@ -171,3 +186,35 @@ def test_staff_review_the_evidence_in_the_admin_and_approve(ready, contributor_a
     assert approve.status_code == 302
     assert Payout.objects.get(pk=payout_id).status == Payout.Status.PAID
     assert browser.get("/admin/billing/payout/").status_code == 200
+
+
+def test_work_found_fraudulent_before_clearing_is_forfeited_and_refunded(earned, customer, staff):
+    charge = Transaction.objects.get(kind=Transaction.Kind.CHARGE)
+    customer_before = balance(customer, "customer_available")
+    browser = Client()
+    browser.force_login(staff)
+    under_review = Payout.objects.create(contributor=earned, amount=0, currency="EUR")  # the page the form is on
+    payout_page = f"/admin/billing/payout/{under_review.pk}/review/"
+
+    response = browser.post(payout_page, {"decision": "forfeit", "unit": charge.unit_id, "reason": "replayed weights"})
+    again = services.earnings_forfeit(unit=charge.unit, staff=staff, reason="replayed weights")
+
+    assert response.status_code == 302
+    forfeit = Transaction.objects.get(kind=Transaction.Kind.FORFEIT)
+    assert again == forfeit and forfeit.created_by == staff and "replayed weights" in forfeit.memo
+    assert balance(earned, "contributor_pending") == 0
+    assert balance(customer, "customer_available") == customer_before + -sum(
+        e.amount for e in charge.entries.all() if e.account.kind == "customer_held")
+    assert cleared(earned) == 0  # nothing left to clear
+    assert ledger.ledger_total() == 0
+
+
+def test_cleared_earnings_can_no_longer_be_forfeited(earned, staff):
+    cleared(earned)
+    charge = Transaction.objects.get(kind=Transaction.Kind.CHARGE)
+
+    with pytest.raises(Exception) as refused:
+        services.earnings_forfeit(unit=charge.unit, staff=staff, reason="too late")
+
+    assert refused.value.code == "already_cleared"
+    assert not Transaction.objects.filter(kind=Transaction.Kind.FORFEIT).exists()
