@@ -84,6 +84,21 @@ def test_expired_quote_is_refused_and_nothing_changes(customer_api, customer, di
     assert Transaction.objects.count() == transactions
 
 
+def test_starting_a_created_job_with_an_expired_quote_is_refused_and_the_job_stays_created(customer_api,
+                                                                                          digits_dataset):
+    q = quote(customer_api, digits_dataset["id"])
+    job = customer_api.post("/api/jobs", {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 2},
+                            format="json").json()
+    Quote.objects.filter(pk=q["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    response = customer_api.post(f"/api/jobs/{job['id']}/start", {"quote": q["id"]}, format="json")
+
+    assert response.status_code == 410 and response.json()["error"]["code"] == "quote_expired"
+    assert Job.objects.get(pk=job["id"]).status == Job.Status.CREATED
+    assert not Transaction.objects.filter(kind=Transaction.Kind.HOLD).exists()
+    assert Quote.objects.get(pk=q["id"]).job is None
+
+
 def test_a_quote_is_accepted_once(customer_api, digits_dataset):
     q = quote(customer_api, digits_dataset["id"])
     assert customer_api.post(f"/api/quotes/{q['id']}/accept").status_code == 201
