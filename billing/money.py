@@ -51,3 +51,23 @@ def format_money(nanos: int, currency: str = "EUR") -> str:
     whole, frac = divmod(abs(nanos), NANOS_PER_UNIT)
     digits = f"{frac:09d}".rstrip("0").ljust(2, "0")
     return f"{sign}{CURRENCY_SYMBOLS.get(currency, currency + ' ')}{whole:,}.{digits}"
+
+
+MINOR_DIGITS = {"JPY": 0, "KRW": 0}  # Stripe's "zero-decimal" currencies; the rest have cents
+
+
+def nanos_per_minor(currency: str) -> int:
+    """How many nanos make one of the currency's minor units (a cent), the unit Stripe counts in."""
+    return 10 ** (9 - MINOR_DIGITS.get(currency.upper(), 2))
+
+
+def to_minor(nanos: int, currency: str) -> int:
+    """Nanos as Stripe's minor units; the amount must be whole minor units."""
+    minor, rest = divmod(nanos, nanos_per_minor(currency))
+    if rest:
+        raise ValueError(f"{nanos} nanos is not a whole number of {currency} minor units")
+    return minor
+
+
+def from_minor(minor: int, currency: str) -> int:
+    return minor * nanos_per_minor(currency)

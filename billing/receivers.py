@@ -1,4 +1,4 @@
-"""billing/ listens to jobs/: a started job places its hold, an ended job releases what is left."""
+"""billing/ listens to jobs/: a started job accepts its quote and places its hold; an ended job releases the rest."""
 from django.dispatch import receiver
 
 from jobs.signals import job_ended, job_started
@@ -7,8 +7,8 @@ from . import services
 
 
 @receiver(job_started, dispatch_uid="billing.hold_on_start")
-def _hold_on_start(sender, job, **kwargs) -> None:
-    services.hold_place(job=job)
+def _hold_on_start(sender, job, quote=None, **kwargs) -> None:
+    services.hold_place(job=job, quote_id=quote)
 
 
 @receiver(job_ended, dispatch_uid="billing.release_on_end")

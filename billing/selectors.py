@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from django.db.models import QuerySet, Sum
+from django.shortcuts import get_object_or_404
 
-from .models import Account, Entry, Transaction
+from .models import Account, Entry, Payout, Quote, Transaction
 
 
 def account_balance(*, account: Account) -> int:
@@ -37,9 +38,29 @@ def job_money(*, job) -> dict[str, int]:
 
 
 def statement_for(*, user) -> QuerySet[Entry]:
+    """Every entry that touched the user's accounts, newest first, with the job, round and unit it came from."""
     return (Entry.objects.filter(account__owner=user)
-            .select_related("transaction", "account", "transaction__unit__round")
+            .select_related("transaction", "account", "transaction__unit__round", "transaction__payout")
             .order_by("-id"))
+
+
+def quotes_for(*, customer) -> QuerySet[Quote]:
+    return Quote.objects.filter(customer=customer)
+
+
+def quote_get(*, customer, quote_id) -> Quote:
+    return get_object_or_404(quotes_for(customer=customer), pk=quote_id)
+
+
+def payouts_for(*, contributor) -> QuerySet[Payout]:
+    return Payout.objects.filter(contributor=contributor).order_by("-requested_at")
+
+
+def user_balances() -> dict[str, int]:
+    """Each person's account balance by account key (the ones that must never go below zero)."""
+    rows = (Entry.objects.filter(account__kind__in=Account.USER_KINDS).values("account__key")
+            .annotate(s=Sum("amount")))
+    return {row["account__key"]: row["s"] for row in rows}
 
 
 def ledger_total() -> int:

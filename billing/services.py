@@ -1,26 +1,39 @@
-"""Money-moving services. Each is one balanced transaction with an idempotency key, run atomically with
-the accounts it checks locked."""
+"""Money-moving services on the ledger: quotes, holds, unit charges, releases, clearing and manual credits.
+Each movement is one balanced transaction with an idempotency key, run atomically with the accounts it checks
+locked. Top-ups are in payments.py, payouts in payouts.py."""
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
-from muninn.errors import InvalidInput, MuninnError
+from jobs import services as job_services
+from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
 
-from . import money, selectors
-from .models import Account, Entry, Transaction
+from . import money, pricing, selectors
+from .models import Account, Entry, Quote, Transaction
 
 log = logging.getLogger(__name__)
 Kind = Account.Kind
+# (min_memory_bytes=...) -> [(device id, measured samples/s)] of the capable devices online now. Passed in by the
+# caller (contributors/ knows devices; billing/ sits below it).
+OnlineCapacity = Callable[[int], Sequence[tuple[int, float]]]
 
 
 class InsufficientBalance(MuninnError):
     code = "insufficient_balance"
     status = 402
+
+
+class QuoteExpired(MuninnError):
+    code = "quote_expired"
+    status = 410
 
 
 def account_for(*, kind: str, owner=None) -> Account:
@@ -30,7 +43,7 @@ def account_for(*, kind: str, owner=None) -> Account:
 
 
 def ledger_post(*, key: str, kind: str, lines: Sequence[tuple[Account, int]], memo: str = "", job=None,
-                unit=None, unit_id: int | None = None, flops: int = 0, created_by=None) -> Transaction:
+                unit=None, flops: int = 0, source=None, payout=None, created_by=None) -> Transaction:
     """Post one balanced transaction, once: a second call with the same key returns the first."""
     if sum(amount for _, amount in lines) != 0:
         raise ValueError(f"unbalanced transaction {key}: {[(a.key, n) for a, n in lines]}")
@@ -39,14 +52,17 @@ def ledger_post(*, key: str, kind: str, lines: Sequence[tuple[Account, int]], me
         if existing:
             return existing
         txn = Transaction.objects.create(idempotency_key=key, kind=kind, memo=memo[:500], job=job, unit=unit,
-                                         flops=flops, created_by=created_by,
-                                         **({"unit_id": unit_id} if unit_id is not None else {}))
+                                         flops=flops, source=source, payout=payout, created_by=created_by)
         Entry.objects.bulk_create([Entry(transaction=txn, account=a, amount=n) for a, n in lines if n])
     return txn
 
 
-def _locked(account: Account) -> Account:
+def locked(account: Account) -> Account:
     return Account.objects.select_for_update().get(pk=account.pk)
+
+
+def _fmt(nanos: int) -> str:
+    return money.format_money(nanos, settings.MUNINN_CURRENCY)
 
 
 def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None = None) -> Transaction:
@@ -62,24 +78,105 @@ def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None
     )
 
 
-def hold_place(*, job) -> Transaction:
-    """Move the job's quoted price from the customer's balance to held. Refused if the balance is short."""
-    price = money.price_for_flops(job.flops_estimated, settings.MUNINN_PRICE_PER_HU, round_up=True)
+# --- Quotes ---------------------------------------------------------------------------------------
+
+def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
+                online_capacity: OnlineCapacity | None = None, now: datetime | None = None) -> Quote:
+    """Price a job before it exists: HU and price (rounded up), the device tier its peak memory needs, and the
+    wall time the devices online now should take. Valid for MUNINN_QUOTE_TTL_SECONDS."""
+    plan = job_services.job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds)
+    est = plan.estimate
+    try:
+        tier = pricing.device_tier(est.peak_memory_bytes)
+    except pricing.TooBigForAnyTier as e:
+        raise InvalidInput(f"This model is too big for any device: {e}.", code="too_big") from e
+    devices = list(online_capacity(min_memory_bytes=est.peak_memory_bytes)) if online_capacity else []
+    samples_per_round = est.flops_per_round // max(est.flops_per_sample * plan.hparams["epochs"], 1)
+    now = now or timezone.now()
+    rate = settings.MUNINN_PRICE_PER_HU
+    return Quote.objects.create(
+        customer=customer, dataset=dataset, template=template, hparams=plan.hparams, rounds=rounds,
+        flops=est.flops_total, price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
+        currency=settings.MUNINN_CURRENCY,
+        peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
+        expected_seconds=pricing.expected_wall_seconds(
+            samples_per_round=samples_per_round, epochs=plan.hparams["epochs"], rounds=rounds,
+            device_speeds=[speed for _, speed in devices],
+            round_overhead_seconds=settings.MUNINN_ROUND_OVERHEAD_SECONDS),
+        expires_at=now + timedelta(seconds=settings.MUNINN_QUOTE_TTL_SECONDS),
+    )
+
+
+def _quote_usable(quote: Quote, now: datetime) -> None:
+    if quote.job_id is not None:
+        raise Conflict(f"Quote {quote.pk} was already accepted for job {quote.job_id}.", code="quote_used")
+    if quote.expires_at <= now:
+        raise QuoteExpired(f"Quote {quote.pk} expired at {quote.expires_at:%Y-%m-%d %H:%M:%S} UTC; ask for a new one.",
+                           detail={"expires_at": quote.expires_at.isoformat()})
+
+
+def quote_accept(*, customer, quote_id, now: datetime | None = None):
+    """Create the quoted job and start it: its hold is the quoted price. An expired or used quote changes nothing."""
+    now = now or timezone.now()
     with transaction.atomic():
-        available = _locked(account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=job.owner))
+        quote = Quote.objects.select_for_update().filter(pk=quote_id, customer=customer).first()
+        if quote is None:
+            raise NotFound(f"There is no quote {quote_id}.")
+        _quote_usable(quote, now)
+        job = job_services.job_create(owner=customer, dataset=quote.dataset, template=quote.template,
+                                      hparams=quote.hparams, rounds=quote.rounds)
+        return job_services.job_start(job_id=job.pk, quote=str(quote.pk))
+
+
+def _quote_for_start(*, job, quote_id, now: datetime) -> Quote:
+    """The quote a starting job accepts: the one named (checked against the job), or, when the caller named none,
+    one issued now from the job's own estimate."""
+    if quote_id is None:
+        quote = Quote.objects.select_for_update().filter(job=job).first()
+        if quote is not None:
+            return quote
+        return quote_issue(customer=job.owner, dataset=job.dataset, template=job.template, hparams=job.hparams,
+                           rounds=job.rounds, now=now)
+    try:
+        quote = Quote.objects.select_for_update().filter(pk=quote_id, customer=job.owner).first()
+    except ValidationError as e:  # not a UUID
+        raise InvalidInput(f"{quote_id!r} is not a quote id.", code="bad_quote") from e
+    if quote is None:
+        raise NotFound(f"There is no quote {quote_id}.")
+    if quote.job_id == job.pk:
+        return quote
+    _quote_usable(quote, now)
+    if (quote.dataset_id, quote.template, quote.rounds, quote.flops) != (job.dataset_id, job.template, job.rounds,
+                                                                         job.flops_estimated):
+        raise InvalidInput("The quote was for a different job (dataset, model, rounds or hyper-parameters).",
+                           code="quote_mismatch")
+    return quote
+
+
+def hold_place(*, job, quote_id=None, now: datetime | None = None) -> Transaction:
+    """The starting job accepts its quote: the quoted price moves from the customer's balance to held. Refused
+    if the balance is short or the quote expired; the caller's transaction then changes nothing."""
+    now = now or timezone.now()
+    key = f"hold:job:{job.pk}"
+    with transaction.atomic():
+        available = locked(account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=job.owner))
+        existing = Transaction.objects.filter(idempotency_key=key).first()
+        if existing:
+            return existing
+        quote = _quote_for_start(job=job, quote_id=quote_id, now=now)
         balance = selectors.account_balance(account=available)
-        key = f"hold:job:{job.pk}"
-        if balance < price and not Transaction.objects.filter(idempotency_key=key).exists():
-            cur = settings.MUNINN_CURRENCY
+        if balance < quote.price:
             raise InsufficientBalance(
-                f"This job costs {money.format_money(price, cur)} but your balance is "
-                f"{money.format_money(balance, cur)}. Top up and try again.",
-                detail={"price": price, "balance": balance},
+                f"This job costs {_fmt(quote.price)} but your balance is {_fmt(balance)}. Top up and try again.",
+                detail={"price": quote.price, "balance": balance},
             )
+        if quote.job_id is None:
+            quote.job, quote.accepted_at = job, now
+            quote.save(update_fields=["job", "accepted_at"])
         return ledger_post(
-            key=key, kind=Transaction.Kind.HOLD, job=job, flops=job.flops_estimated,
-            memo=f"hold for job {job.pk} ({money.format_money(price, settings.MUNINN_CURRENCY)})",
-            lines=[(available, -price), (account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner), price)],
+            key=key, kind=Transaction.Kind.HOLD, job=job, flops=quote.flops,
+            memo=f"hold for job {job.pk} (quote {quote.pk}, {_fmt(quote.price)})",
+            lines=[(available, -quote.price), (account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner), quote.price)],
         )
 
 
@@ -87,18 +184,21 @@ def unit_charge(*, unit, contributor) -> Transaction:
     """Charge one verified unit's HU from the job's hold: the contributor's share to their pending earnings,
     the rest to the platform. Never more than what is left of the hold, never twice for one unit.
 
-    A unit is priced as the step in the job's cumulative price (money.step_price), so the job's charges add
-    up to floor(price(all charged FLOPs)), within one nano of the exact price, however small the units."""
+    A unit is priced at the quote's rate as the step in the job's cumulative price (money.step_price), so the
+    job's charges add up to floor(price(all charged FLOPs)), within one nano of the exact price, however small
+    the units; and never above the quote, which is the hold."""
     job = unit.round.job
     key = f"charge:unit:{unit.pk}"
     with transaction.atomic():
-        held = _locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))  # serialises a job's charges
+        held = locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))  # serialises a job's charges
         existing = Transaction.objects.filter(idempotency_key=key).first()
         if existing:
             return existing
-        amount = money.step_price(selectors.job_flops_charged(job=job), unit.flops, settings.MUNINN_PRICE_PER_HU)
+        rate = Quote.objects.filter(job=job).values_list("price_per_hu", flat=True).first()
+        amount = money.step_price(selectors.job_flops_charged(job=job), unit.flops,
+                                  settings.MUNINN_PRICE_PER_HU if rate is None else rate)
         remaining = selectors.job_hold_remaining(job=job)
-        if amount > remaining:  # cannot happen with floor/ceil rounding; the quote stays a ceiling anyway
+        if amount > remaining:  # re-issued or extra work beyond the estimate is the platform's cost
             log.warning("unit %s: charge %s capped at the hold's remaining %s", unit.pk, amount, remaining)
             amount = remaining
         to_contributor, fee = money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)
@@ -111,27 +211,10 @@ def unit_charge(*, unit, contributor) -> Transaction:
         )
 
 
-def earnings_forfeit(*, contributor, units, reason: str) -> list[Transaction]:
-    """Take back the contributor's pending share of these units' charges (work later found untrustworthy):
-    it returns to the customers who paid it. Once per unit."""
-    pending = account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor)
-    posted = []
-    for charge in Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit__in=units).select_related("job"):
-        share = sum(e.amount for e in charge.entries.filter(account=pending))
-        if share <= 0:
-            continue
-        posted.append(ledger_post(
-            key=f"forfeit:unit:{charge.unit_id}", kind=Transaction.Kind.FORFEIT, job=charge.job, unit_id=charge.unit_id,
-            memo=f"forfeited: {reason}",
-            lines=[(pending, -share), (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=charge.job.owner), share)],
-        ))
-    return posted
-
-
 def hold_release(*, job) -> Transaction | None:
-    """At the job's end, what is left of its hold goes back to the customer's balance."""
+    """At the job's end (finished, failed or cancelled), what is left of its hold goes back to the customer."""
     with transaction.atomic():
-        held = _locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))
+        held = locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))
         remaining = selectors.job_hold_remaining(job=job)
         if remaining <= 0:
             return None
@@ -140,3 +223,67 @@ def hold_release(*, job) -> Transaction | None:
             memo=f"unused hold of job {job.pk} ({job.status})",
             lines=[(held, -remaining), (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=job.owner), remaining)],
         )
+
+
+# --- Clearing and forfeiture ------------------------------------------------------------------------
+
+def earnings_forfeit(*, unit, staff, reason: str) -> Transaction:
+    """Work found fraudulent before its earnings cleared: the contributor's pending share and the platform's fee
+    for the unit go back to the customer's balance. Refused once the earnings have cleared (they may be paid)."""
+    if not reason.strip():
+        raise InvalidInput("Say why the work is forfeited.", code="reason_required")
+    with transaction.atomic():
+        charge = Transaction.objects.select_for_update().filter(kind=Transaction.Kind.CHARGE, unit=unit).first()
+        if charge is None:
+            raise NotFound(f"Unit {unit.pk} was never charged.")
+        done = charge.followups.filter(kind__in=[Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT]).first()
+        if done is not None and done.kind == Transaction.Kind.FORFEIT:
+            return done
+        if done is not None:
+            raise Conflict(f"The earnings for unit {unit.pk} have already cleared; they can no longer be forfeited.",
+                           code="already_cleared")
+        entries = list(charge.entries.select_related("account").exclude(account__kind=Kind.CUSTOMER_HELD))
+        refund = sum(e.amount for e in entries)
+        return ledger_post(
+            key=f"forfeit:charge:{charge.pk}", kind=Transaction.Kind.FORFEIT, source=charge, job=charge.job,
+            unit=unit, flops=charge.flops, created_by=staff, memo=f"unit {unit.pk} forfeited: {reason}",
+            lines=[*[(e.account, -e.amount) for e in entries],
+                   (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=charge.job.owner), refund)])
+
+
+def earnings_forfeit_units(*, units, reason: str, staff=None) -> list[Transaction]:
+    """Forfeit every charged unit among `units` whose earnings have not cleared yet (a quarantined device's
+    work): each goes back to its customer. Cleared earnings stay paid: the holding period is the window."""
+    forfeited = []
+    for unit in units.filter(pk__in=Transaction.objects.filter(kind=Transaction.Kind.CHARGE).values("unit_id")):
+        try:
+            forfeited.append(earnings_forfeit(unit=unit, staff=staff, reason=reason))
+        except Conflict:  # already cleared
+            continue
+    return forfeited
+
+
+def earnings_clear(*, now: datetime | None = None) -> int:
+    """Pending earnings older than the holding period become available, charge by charge (until then, work
+    found fraudulent can still be forfeited). Safe to run any number of times, from any number of processes.
+    Returns how many charges were cleared."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_EARNINGS_HOLD_SECONDS)
+    settled = [Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT]
+    due = (Transaction.objects.filter(kind=Transaction.Kind.CHARGE, created_at__lte=cutoff)
+           .exclude(followups__kind__in=settled).values_list("id", flat=True))
+    cleared = 0
+    for charge_id in list(due):
+        with transaction.atomic():
+            charge = Transaction.objects.select_for_update().get(pk=charge_id)
+            if charge.followups.filter(kind__in=settled).exists():
+                continue
+            pending = charge.entries.filter(account__kind=Kind.CONTRIBUTOR_PENDING).select_related("account").first()
+            lines = []
+            if pending is not None:
+                available = account_for(kind=Kind.CONTRIBUTOR_AVAILABLE, owner=pending.account.owner)
+                lines = [(pending.account, -pending.amount), (available, pending.amount)]
+            ledger_post(key=f"clear:charge:{charge.pk}", kind=Transaction.Kind.CLEAR, source=charge, job=charge.job,
+                        unit=charge.unit, flops=charge.flops, lines=lines,
+                        memo=f"earnings cleared: job {charge.job_id} unit {charge.unit_id}")
+            cleared += 1
+    return cleared

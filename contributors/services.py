@@ -101,8 +101,9 @@ def device_record_failure(*, device: Device, reason: str) -> bool:
             locked.quarantine_reason = f"{locked.failures} failed results; last: {reason}"[:500]
             DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.QUARANTINED,
                                        reason=locked.quarantine_reason)
-            billing.earnings_forfeit(contributor=locked.owner, units=WorkUnit.objects.filter(
-                receipts__device=locked, receipts__status="accepted"), reason=f"device {locked.pk} quarantined")
+            billing.earnings_forfeit_units(units=WorkUnit.objects.filter(
+                receipts__device=locked, receipts__status="accepted").distinct(),
+                reason=f"device {locked.pk} quarantined: {locked.quarantine_reason}")
         locked.save(update_fields=["verified_streak", "failures", "quarantined_at", "quarantine_reason"])
     if quarantine:
         log.warning("device %s quarantined: %s", device.pk, reason)

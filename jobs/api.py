@@ -1,5 +1,6 @@
 """The customer API for datasets and jobs: thin views over jobs.services and jobs.selectors."""
 from django.conf import settings
+from django.db import transaction
 from django.http import FileResponse
 from rest_framework import serializers
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -99,6 +100,7 @@ class JobCreateSerializer(serializers.Serializer):
     aggregation = serializers.ChoiceField(choices=Job.Aggregation.choices, required=False,
                                           default=Job.Aggregation.FEDAVG)
     start = serializers.BooleanField(required=False, default=False)
+    quote = serializers.UUIDField(required=False)  # the quote accepted when the job starts (see /api/quotes)
 
 
 class JobListView(APIView):
@@ -112,11 +114,13 @@ class JobListView(APIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         dataset = selectors.dataset_get(owner=request.user, dataset_id=v["dataset"])
-        job = services.job_create(owner=request.user, dataset=dataset, template=v["template"],
-                                  hparams=v["hparams"], rounds=v["rounds"], seed=v.get("seed"),
-                                  aggregation=v["aggregation"])
-        if v["start"]:
-            job = services.job_start(job_id=job.pk)
+        quote = str(v["quote"]) if v.get("quote") else None
+        with transaction.atomic():  # a start that is refused (balance, quote) leaves no job behind
+            job = services.job_create(owner=request.user, dataset=dataset, template=v["template"],
+                                      hparams=v["hparams"], rounds=v["rounds"], seed=v.get("seed"),
+                                      aggregation=v["aggregation"])
+            if v["start"]:
+                job = services.job_start(job_id=job.pk, quote=quote)
         return Response(JobDetailSerializer(job).data, status=201)
 
 
@@ -132,7 +136,14 @@ class JobStartView(APIView):
 
     def post(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
-        return Response(JobDetailSerializer(services.job_start(job_id=job.pk)).data)
+        data = JobStartSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        quote = str(data.validated_data["quote"]) if data.validated_data.get("quote") else None
+        return Response(JobDetailSerializer(services.job_start(job_id=job.pk, quote=quote)).data)
+
+
+class JobStartSerializer(serializers.Serializer):
+    quote = serializers.UUIDField(required=False)
 
 
 class JobCancelView(APIView):

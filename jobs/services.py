@@ -112,8 +112,9 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
         )
 
 
-def job_start(*, job_id: int) -> Job:
-    """Created → running. Receivers of `job_started` (billing's hold) run in this transaction and may refuse."""
+def job_start(*, job_id: int, quote: str | None = None) -> Job:
+    """Created → running. Receivers of `job_started` (billing accepts the quote and places the hold) run in this
+    transaction and may refuse. `quote` is the id of the quote the customer accepts, passed on untouched."""
     from .tasks import open_round  # tasks import services; the reverse import is deferred
 
     with transaction.atomic():
@@ -122,7 +123,7 @@ def job_start(*, job_id: int) -> Job:
             raise Conflict(f"Job {job.pk} is {job.status}; only a created job can be started.", code="not_startable")
         job.status, job.started_at = Job.Status.RUNNING, timezone.now()
         job.save(update_fields=["status", "started_at"])
-        job_started.send(sender=Job, job=job)
+        job_started.send(sender=Job, job=job, quote=quote)
         transaction.on_commit(lambda: open_round.delay(job.pk))
     return job
 

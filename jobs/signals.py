@@ -4,5 +4,5 @@ Receivers run inside the sender's transaction: a receiver that raises (e.g. the 
 """
 from django.dispatch import Signal
 
-job_started = Signal()  # kwargs: job
+job_started = Signal()  # kwargs: job, quote (the id of the quote the customer accepts, or None)
 job_ended = Signal()  # kwargs: job (status is SUCCEEDED, FAILED or CANCELLED)

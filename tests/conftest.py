@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import numpy as np
 import pytest
+from django.utils import timezone
 from muninn_worker import signing, tensors, training, zoo
 from rest_framework.test import APIClient
 from sklearn.datasets import load_digits
@@ -15,7 +17,9 @@ from sklearn.datasets import load_digits
 from accounts import services as accounts
 from accounts.models import User
 from billing import money
+from billing import selectors as ledger
 from billing import services as billing
+from billing.models import PayoutAccount
 from contributors import services as contributors
 from muninn.celery import app as celery_app
 
@@ -142,3 +146,72 @@ def _named(data: bytes, name: str) -> io.BytesIO:
 
 
 named_file = _named
+
+
+# --- Stripe: the real library against a local fake of its HTTP API ------------------------------------
+
+@pytest.fixture(scope="session")
+def _fake_stripe_server():
+    from .fake_stripe import start_fake_stripe
+
+    fake, server = start_fake_stripe()
+    yield fake
+    server.shutdown()
+
+
+@pytest.fixture
+def fake_stripe(_fake_stripe_server, settings):
+    """Stripe configured (keys, webhook secret) and pointed at the fake; its record cleared for each test."""
+    from .fake_stripe import WEBHOOK_SECRET
+
+    _fake_stripe_server.reset()
+    settings.STRIPE_SECRET_KEY = _fake_stripe_server.secret_key
+    settings.STRIPE_WEBHOOK_SECRET = WEBHOOK_SECRET
+    settings.STRIPE_API_BASE = _fake_stripe_server.base_url
+    return _fake_stripe_server
+
+
+@pytest.fixture
+def contributor_api(contributor) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {accounts.token_for(user=contributor)}")
+    return client
+
+
+def post_webhook(client, payload: dict | bytes, **sign) -> object:
+    from .fake_stripe import signed
+
+    body, header = signed(payload, **sign)
+    return client.post("/api/stripe/webhook", data=body, content_type="application/json", HTTP_STRIPE_SIGNATURE=header)
+
+
+# --- Earnings: a contributor paid for real verified work ---------------------------------------------
+
+@pytest.fixture
+def earned(settings, staff, customer, customer_api, make_device, contributor):
+    """A contributor who did real verified work on a job priced high enough to earn tens of euros."""
+    settings.MUNINN_PRICE_PER_HU = Decimal(10**11)
+    billing.balance_grant(user=customer, amount=money.to_nanos("1000"), reason="test", granted_by=staff)
+    device = make_device()
+    dataset = customer_api.post("/api/datasets", {"file": _named(digits_npz(200), "digits.npz")}, format="multipart")
+    job = customer_api.post("/api/jobs", {"dataset": dataset.json()["id"], "template": "mlp", "rounds": 1,
+                                          "start": True}, format="json")
+    assert job.status_code == 201, job.content
+    while device.work_one():
+        pass
+    return contributor
+
+
+def cleared(contributor) -> int:
+    """Clear their pending earnings as if the holding period had passed; their available balance."""
+    billing.earnings_clear(now=timezone.now() + timedelta(seconds=7 * 24 * 3600 + 1))
+    return ledger.balances_for(user=contributor).get("contributor_available", 0)
+
+
+@pytest.fixture
+def ready(earned):
+    PayoutAccount.objects.create(contributor=earned, stripe_account_id="acct_testready", payouts_enabled=True)
+    cleared(earned)
+    return earned
+
+

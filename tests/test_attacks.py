@@ -5,15 +5,17 @@ result is ever rejected."""
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
+from django.utils import timezone
 
 from accounts import services as accounts
 from accounts.models import User
 from billing import selectors as ledger
 from billing.models import Transaction
 from contributors.models import Device, DeviceEvent, Receipt
-from jobs.models import Job
+from jobs.models import Job, WorkUnit
 from scripts.stack import free_port
 
 from .attacks.cheater import STRATEGIES
@@ -57,15 +59,20 @@ def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, ma
     cheaters = {s: stack.register_device(url, accounts.token_for(user=mallory), f"cheat-{s}") for s in STRATEGIES}
     api = customer_session(customer)
     dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
-    job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 3, "seed": 2,
-                                            "start": True}).json()
 
+    started = timezone.now()
     for name, threads in (("honest-1-thread", "1"), ("honest-2-threads", "2")):
         stack.worker_client(name, honest[name], "--threads", threads, "--poll-interval", "0.2")
     for strategy, config in cheaters.items():
         stack.spawn(f"cheat-{strategy}", [sys.executable, "-m", "tests.attacks.cheater", "--config", str(config),
                                           "--cache-dir", str(stack.log_dir / f"cache-{strategy}"),
                                           "--strategy", strategy])
+    deadline = time.monotonic() + 90  # every device polling before the job starts: each gets a shard
+    while Device.objects.filter(last_seen_at__gte=started).count() < 2 + len(STRATEGIES):
+        assert time.monotonic() < deadline, "not every worker process started polling"
+        time.sleep(0.2)
+    job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 3, "seed": 2,
+                                            "start": True}).json()
     job = wait_until_ended(api, url, job)
     logs = "\n".join(f"--- {n}\n{stack.log(n)[-1500:]}" for n in ("web", "celery-worker", "honest-1-thread"))
 
@@ -74,7 +81,9 @@ def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, ma
     for strategy in STRATEGIES:
         device = Device.objects.get(name=f"cheat-{strategy}")
         codes = refusal_codes(device)
-        assert codes & EXPECTED[strategy], (strategy, codes, stack.log(f"cheat-{strategy}")[-2000:])
+        planned = WorkUnit.objects.filter(preferred_device_id=device.pk).count()
+        assert codes & EXPECTED[strategy], (strategy, codes, f"{device.leases.count()} leases, {planned} units "
+                                            f"planned for it", stack.log(f"cheat-{strategy}")[-2000:])
     honest_devices = Device.objects.filter(name__startswith="honest-")
     assert not Receipt.objects.filter(device__in=honest_devices, status=Receipt.Status.REJECTED).exists()
     assert all(d.failures == 0 for d in honest_devices)  # false rejections: 0

@@ -149,6 +149,8 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications", "schedule": 30.0},
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 10.0},
+    "clear-earnings": {"task": "billing.tasks.clear_earnings", "schedule": 600.0},
+    "retry-approved-payouts": {"task": "billing.tasks.retry_approved_payouts", "schedule": 300.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
@@ -165,6 +167,21 @@ MUNINN_REEXECUTION_TOLERANCE = float(env.str("MUNINN_REEXECUTION_TOLERANCE", def
 MUNINN_MAX_UPLOAD_BYTES = env.int("MUNINN_MAX_UPLOAD_BYTES", default=50 * 1024 * 1024)
 MUNINN_MAX_RESULT_BYTES = env.int("MUNINN_MAX_RESULT_BYTES", default=512 * 1024 * 1024)
 MUNINN_MAX_ROUNDS = env.int("MUNINN_MAX_ROUNDS", default=200)
+MUNINN_SITE_URL = env.str("MUNINN_SITE_URL", default="http://127.0.0.1:8000")  # for Stripe's return links
+
+# --- Money ----------------------------------------------------------------------------------------
+MUNINN_QUOTE_TTL_SECONDS = env.int("MUNINN_QUOTE_TTL_SECONDS", default=30 * 60)
+MUNINN_ROUND_OVERHEAD_SECONDS = env.float("MUNINN_ROUND_OVERHEAD_SECONDS", default=5.0)  # for expected wall time
+MUNINN_EARNINGS_HOLD_SECONDS = env.int("MUNINN_EARNINGS_HOLD_SECONDS", default=7 * 24 * 3600)
+MUNINN_TOPUP_MIN = Decimal(env.str("MUNINN_TOPUP_MIN", default="5.00"))
+MUNINN_TOPUP_MAX = Decimal(env.str("MUNINN_TOPUP_MAX", default="5000.00"))
+MUNINN_PAYOUT_MIN = Decimal(env.str("MUNINN_PAYOUT_MIN", default="10.00"))
+
+# --- Stripe (unset: top-ups and payouts are disabled, with a message saying so) ----------------------
+STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")
+STRIPE_WEBHOOK_SECRET = env.str("STRIPE_WEBHOOK_SECRET", default="")
+STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="https://api.stripe.com")
+STRIPE_WEBHOOK_TOLERANCE_SECONDS = env.int("STRIPE_WEBHOOK_TOLERANCE_SECONDS", default=300)
 
 LOGGING = {
     "version": 1,

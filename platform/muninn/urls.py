@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView
 from accounts import api as accounts_api
 from billing import api as billing_api
 from contributors import api as contributors_api
+from contributors import selectors as contributors_selectors
 from jobs import api as jobs_api
 
 from . import views
@@ -17,6 +18,11 @@ api = [
     path("datasets", jobs_api.DatasetListView.as_view(), name="datasets"),
     path("datasets/<int:dataset_id>", jobs_api.DatasetDetailView.as_view(), name="dataset"),
     path("estimates", billing_api.EstimateView.as_view(), name="estimate"),
+    # Quotes need the devices online: contributors/ sits above billing/, so the project wires them here.
+    path("quotes", billing_api.QuoteListView.as_view(online_capacity=contributors_selectors.device_capacities_online),
+         name="quotes"),
+    path("quotes/<uuid:quote_id>", billing_api.QuoteDetailView.as_view(), name="quote"),
+    path("quotes/<uuid:quote_id>/accept", billing_api.QuoteAcceptView.as_view(), name="quote-accept"),
     path("jobs", jobs_api.JobListView.as_view(), name="jobs"),
     path("jobs/<int:job_id>", jobs_api.JobDetailView.as_view(), name="job"),
     path("jobs/<int:job_id>/start", jobs_api.JobStartView.as_view(), name="job-start"),
@@ -25,6 +31,10 @@ api = [
     path("jobs/<int:job_id>/charges", billing_api.JobChargesView.as_view(), name="job-charges"),
     path("jobs/<int:job_id>/devices", contributors_api.JobDevicesView.as_view(), name="job-devices"),
     path("balance", billing_api.BalanceView.as_view(), name="balance"),
+    path("topups", billing_api.TopUpView.as_view(), name="topups"),
+    path("stripe/webhook", billing_api.StripeWebhookView.as_view(), name="stripe-webhook"),
+    path("payouts", billing_api.PayoutListView.as_view(), name="payouts"),
+    path("payouts/onboarding", billing_api.PayoutOnboardingView.as_view(), name="payout-onboarding"),
     path("worker/", include("contributors.urls")),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
 ]

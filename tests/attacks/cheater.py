@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--cache-dir", required=True)
     parser.add_argument("--strategy", choices=STRATEGIES, required=True)
     parser.add_argument("--max-units", type=int, default=6)
-    parser.add_argument("--idle", type=float, default=30.0)
+    parser.add_argument("--idle", type=float, default=120.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(1)
