@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from muninn_worker import tasks
 from muninn_worker.zoo import build_model, get_template
 
 __all__ = ["flops_per_sample", "unit_flops", "peak_memory_bytes"]
@@ -30,7 +30,7 @@ def flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
     inputs, targets = get_template(template).example_batch(model_config, batch_size)
     counter = FlopCounterMode(display=False)
     with counter, torch.enable_grad():  # the caller may be inside no_grad; backward must still run
-        loss = F.cross_entropy(model(inputs), targets)
+        loss = tasks.loss(model, model(inputs), targets)
         loss.backward()
     return math.ceil(counter.get_total_flops() / batch_size)
 
@@ -48,7 +48,8 @@ def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int
         peak = e * (3 * P + B) + e * 2 * batch_size * A
 
     with e the bytes per element (4 for float32), P the number of trainable parameters (held three times:
-    weights, gradients, SGD momentum buffer), B the number of buffer elements (e.g. the normalisation), and A
+    weights, gradients, SGD momentum buffer), B the number of buffer and frozen elements (the normalisation,
+    a LoRA model's frozen base weights), and A
     the activation elements per sample: the input counted twice (raw and normalised) plus the output of every
     leaf module. Activations are counted twice because backward holds a gradient of the same size next to
     each saved activation. The model is built on the meta device, so this allocates nothing.
@@ -60,7 +61,8 @@ def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int
     inputs, _ = get_template(template).example_batch(model_config, 1)
     element = next(model.parameters()).element_size()
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    buffers = sum(b.numel() for b in model.buffers())
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    buffers = sum(b.numel() for b in model.buffers()) + frozen
     activations = 2 * inputs.numel() + _leaf_output_elements(model, inputs.to("meta"))
     return element * (3 * params + buffers) + element * 2 * batch_size * activations
 

@@ -35,7 +35,7 @@ class NotSafetensors(ValueError):
 
 
 class BadShard(ValueError):
-    """A shard is safetensors but not the X (float32 2-d) / y (int64 1-d) pair the protocol describes."""
+    """A shard is safetensors but not an X / y pair the protocol describes (see `bytes_to_shard`)."""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -59,8 +59,17 @@ def bytes_to_state_dict(data: bytes) -> dict[str, Tensor]:
 
 
 def shard_to_bytes(X: Tensor, y: Tensor) -> bytes:
-    """A training shard as the protocol sends it: X float32 [samples, features], y int64 [samples]."""
-    return state_dict_to_bytes({"X": X.to(torch.float32), "y": y.to(torch.int64)})
+    """A training shard as the protocol sends it. Floating tensors go as float32, integer ones as int64:
+
+    - tables: X float32 [samples, features]; images: X float32 [samples, channels, height, width];
+      y int64 [samples] (class indices) or float32 [samples] (regression targets);
+    - text: X int64 [samples, context] token ids and y int64 [samples, context], the next token of each.
+    """
+    return state_dict_to_bytes({"X": _wire(X), "y": _wire(y)})
+
+
+def _wire(tensor: Tensor) -> Tensor:
+    return tensor.to(torch.float32 if tensor.is_floating_point() else torch.int64)
 
 
 def bytes_to_shard(data: bytes) -> tuple[Tensor, Tensor]:
@@ -68,10 +77,12 @@ def bytes_to_shard(data: bytes) -> tuple[Tensor, Tensor]:
     if set(tensors) != {"X", "y"}:
         raise BadShard(f"a shard holds exactly the tensors X and y (got {sorted(tensors)})")
     X, y = tensors["X"], tensors["y"]
-    if X.dtype != torch.float32 or X.ndim != 2 or y.dtype != torch.int64 or y.ndim != 1:
+    features = X.dtype == torch.float32 and X.ndim in (2, 4) and y.ndim == 1 and y.dtype in (torch.int64, torch.float32)
+    tokens = X.dtype == torch.int64 and X.ndim == 2 and y.dtype == torch.int64 and y.shape == X.shape
+    if not (features or tokens):
         raise BadShard(
-            f"a shard needs X float32 2-d and y int64 1-d (got X {X.dtype} {tuple(X.shape)}, "
-            f"y {y.dtype} {tuple(y.shape)})"
+            "a shard needs X float32 2-d or 4-d with y int64 or float32 1-d, or X and y int64 token ids of "
+            f"the same 2-d shape (got X {X.dtype} {tuple(X.shape)}, y {y.dtype} {tuple(y.shape)})"
         )
     if X.shape[0] != y.shape[0]:
         raise BadShard(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels")
