@@ -13,6 +13,9 @@ class Dataset(models.Model):
     class Format(models.TextChoices):
         CSV = "csv", "CSV"
         NPZ = "npz", "NumPy NPZ"
+        IMAGES = "images", "Zip of class-folder images"
+        TEXT = "text", "Plain text"
+        WEIGHTS = "weights", "Model weights (safetensors)"
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="datasets")
     name = models.CharField(max_length=200)
@@ -45,6 +48,10 @@ class Job(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
+    # LoRA: the customer's uploaded base weights (a "weights" dataset); they stay frozen and never travel
+    # inside the global weights, which are the adapters only.
+    base_weights = models.ForeignKey(Dataset, on_delete=models.PROTECT, null=True, blank=True,
+                                     related_name="fine_tunes")
     template = models.CharField(max_length=64)
     hparams = models.JSONField(default=dict)
     model_config = models.JSONField(default=dict)
