@@ -62,6 +62,7 @@ class Job(models.Model):
 
     # The estimate: FLOPs are counted once here and reused for every unit, so quote and credit agree.
     flops_per_sample = models.BigIntegerField()
+    forward_flops_per_sample = models.BigIntegerField(default=0)  # the receipt's evaluation passes, per sample
     flops_estimated = models.BigIntegerField()
     peak_memory_bytes = models.BigIntegerField()
 
@@ -133,7 +134,7 @@ class WorkUnit(models.Model):
     shard_stop = models.PositiveIntegerField()
     shard_sha256 = models.CharField(max_length=64)
     seed = models.BigIntegerField()
-    flops = models.BigIntegerField()  # the work this unit is worth: flops_per_sample × samples × epochs
+    flops = models.BigIntegerField()  # samples × (flops_per_sample × epochs + 2 × forward_flops_per_sample)
     min_memory_bytes = models.BigIntegerField(default=0)
     # The device the shard was sized for (a contributors.Device id, kept as a plain number so that jobs/
     # stays below contributors/). Until `reserved_until` only that device may lease it; then anyone can.

@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from muninn_worker import tasks
 from muninn_worker.zoo import build_model, get_template
 
-__all__ = ["flops_per_sample", "unit_flops", "peak_memory_bytes"]
+__all__ = ["flops_per_sample", "forward_flops_per_sample", "unit_flops", "peak_memory_bytes"]
 
 
 def flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
@@ -35,11 +35,30 @@ def flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
     return math.ceil(counter.get_total_flops() / batch_size)
 
 
-def unit_flops(flops_per_sample: int, samples: int, epochs: int) -> int:
-    """FLOPs of a work unit: every sample of the shard, once per local epoch."""
-    if min(flops_per_sample, samples, epochs) < 0:
-        raise ValueError("flops_per_sample, samples and epochs must not be negative")
-    return int(flops_per_sample) * int(samples) * int(epochs)
+def forward_flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
+    """FLOPs of one forward pass per sample (no backward): what evaluating the shard costs."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(template, model_config)
+    inputs, _ = get_template(template).example_batch(model_config, batch_size)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(inputs)
+    return math.ceil(counter.get_total_flops() / batch_size)
+
+
+# The receipt reports the shard's loss before and after training: two forward passes over the shard.
+RECEIPT_PASSES = 2
+
+
+def unit_flops(flops_per_sample: int, samples: int, epochs: int, forward_flops_per_sample: int = 0) -> int:
+    """FLOPs of a work unit: every sample of the shard, once per local epoch, plus (when given the forward
+    FLOPs per sample) the receipt's two evaluation passes over the shard, which the device also computes."""
+    if min(flops_per_sample, samples, epochs, forward_flops_per_sample) < 0:
+        raise ValueError("flops_per_sample, samples, epochs and forward_flops_per_sample must not be negative")
+    return int(samples) * (int(flops_per_sample) * int(epochs) + RECEIPT_PASSES * int(forward_flops_per_sample))
 
 
 def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int:

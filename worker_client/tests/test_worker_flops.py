@@ -50,3 +50,7 @@ def test_flops_are_counted_even_inside_no_grad():
         inside = flops_per_sample("mlp", CONFIG, 32)
 
     assert inside == flops_per_sample("mlp", CONFIG, 32)
+
+
+def test_unit_flops_adds_the_receipts_two_evaluation_passes():
+    assert unit_flops(10, 5, 2, forward_flops_per_sample=3) == 5 * (10 * 2 + 2 * 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from templating import fresh_model, train
+from torch.utils.flop_counter import FlopCounterMode
 
 from muninn_worker import flops, training, zoo
 from muninn_worker.tensors import BadShard, bytes_to_shard, shard_to_bytes, state_dict_to_bytes
@@ -159,3 +160,18 @@ def test_lora_state_holds_only_the_adapters_and_an_untrained_adapter_changes_not
                                                       if k not in ("rank", "alpha")}
     with pytest.raises(zoo.InvalidModelConfig, match="missing"):
         zoo.load_base(lora, {k: v for k, v in base.items() if k != "head.weight"})
+
+
+@pytest.mark.parametrize("template", sorted(TINY))
+def test_the_quote_counts_exactly_the_flops_a_unit_does(template):
+    X, y = _tiny_data(template)
+    model = fresh_model(template, TINY[template], X, y)
+    hp = zoo.validate_hparams(template, {"batch_size": 8})
+    per_sample = flops.flops_per_sample(template, TINY[template], 8)
+    forward = flops.forward_flops_per_sample(template, TINY[template], 8)
+    counter = FlopCounterMode(display=False)
+
+    with counter:  # training, plus the receipt's loss before and after
+        train(template, model, X, y, batch_size=8)
+
+    assert counter.get_total_flops() == flops.unit_flops(per_sample, len(y), hp["epochs"], forward)
