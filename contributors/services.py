@@ -46,7 +46,8 @@ def unit_claim(*, device: Device) -> Claim | None:
     """Lease the device one queued unit it can run, or None when there is nothing for it now."""
     touch(device)
     with transaction.atomic():
-        unit = jobs.unit_lease(device_id=device.pk, memory_bytes=device.memory_bytes)
+        unit = jobs.unit_lease(device_id=device.pk, memory_bytes=device.memory_bytes,
+                               gpu=selectors.device_has_gpu(device))
         if unit is None:
             return None
         lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token)

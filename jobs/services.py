@@ -304,10 +304,19 @@ def rounds_overdue(*, now: datetime | None = None) -> list[int]:
 
 # --- Work units -----------------------------------------------------------------------------------
 
-def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None = None) -> WorkUnit | None:
-    """Lease one queued unit the device can run: first one sized for it, else one nobody else has reserved.
-    Never the same unit to two devices: rows are locked with SKIP LOCKED where the database has it, and the
-    lease itself is a conditional update on the status."""
+GPU_TEMPLATES = tuple(sorted(name for name, spec in zoo.TEMPLATES.items() if spec.tier == "gpu"))
+
+
+def job_needs_gpu(job: Job) -> bool:
+    return job.template in GPU_TEMPLATES
+
+
+def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None = None,
+               gpu: bool = True) -> WorkUnit | None:
+    """Lease one queued unit the device can run: first one sized for it, else one nobody else has reserved;
+    a device without a GPU (`gpu=False`) never gets a GPU-tier template's unit. Never the same unit to two
+    devices: rows are locked with SKIP LOCKED where the database has it, and the lease itself is a
+    conditional update on the status."""
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
     now = timezone.now()
     with transaction.atomic():
@@ -316,6 +325,8 @@ def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None =
             status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
             min_memory_bytes__lte=memory_bytes,
         ).order_by(Case(When(preferred_device_id=device_id, then=0), default=1), "id")
+        if not gpu:
+            candidates = candidates.exclude(round__job__template__in=GPU_TEMPLATES)
         if connection.features.has_select_for_update_skip_locked:
             candidates = candidates.select_for_update(skip_locked=True, of=("self",))
         for unit in candidates[:4]:

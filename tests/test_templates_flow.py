@@ -145,3 +145,25 @@ def test_incompatible_choices_are_refused_with_a_sentence(customer_api, digits_d
         assert response.status_code == 400
         assert response.json()["error"]["code"] == "incompatible_data" and words in response.json()["error"]["message"]
     assert not Job.objects.exists()
+
+
+def test_resnet18_units_go_only_to_gpu_devices(customer_api, contributor):
+    from contributors import services as contributors
+
+    from .conftest import CAPABILITIES, SimulatedDevice
+    images, labels = synthetic_images(per_class=8, size=8)
+    buffer = io.BytesIO()
+    np.savez(buffer, X=images, y=labels)
+    dataset = upload(customer_api, buffer.getvalue(), "shapes.npz")
+    cpu = SimulatedDevice(contributor, "laptop")
+    gpu = SimulatedDevice(contributor, "rig")
+    gpu.device.capabilities = {**CAPABILITIES, "backends": ["cpu", "cuda"],
+                               "gpus": [{"name": "RTX 4090", "memory_bytes": 24 * 2**30}]}
+    gpu.device.save()
+
+    job = create_job(customer_api, dataset["id"], "resnet18", 1,
+                     hparams={"base_width": 8, "image_size": 16, "batch_size": 8})
+
+    assert Job.objects.get(pk=job["id"]).round_set.get().units.count() == 1  # sharded for the GPU device only
+    assert cpu.claim() is None
+    assert contributors.unit_claim(device=gpu.device) is not None
