@@ -154,3 +154,14 @@ def test_transformer_weights_are_profiled_and_anything_else_is_refused():
     other = tensors.state_dict_to_bytes(zoo.init_state("mlp", {"in_features": 3, "num_classes": 2, "hidden": []}, 0))
     assert error_of(parse_dataset, other, "weights").code == "bad_weights"
     assert error_of(parse_dataset, b"\x80\x04pickle", "weights").code == "bad_weights"
+
+
+def test_safetensors_whose_header_length_looks_like_a_pickle_is_still_weights():
+    import torch
+
+    sized = (tensors.state_dict_to_bytes({"w": torch.zeros(2)}, metadata={"pad": "x" * n}) for n in range(700))
+    data = next(d for d in sized if int.from_bytes(d[:8], "little") == 640)  # stored as 0x80 0x02 ...
+
+    assert data[:2] == b"\x80\x02"
+    assert sniff_format("adapters.safetensors", data[:4096]) == "weights"
+    assert error_of(parse_dataset, data, "weights").code == "bad_weights"  # read, then found not a transformer

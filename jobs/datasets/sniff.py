@@ -22,6 +22,9 @@ def sniff_format(filename: str, head: bytes) -> str:
     ext = os.path.splitext(name.lower())[1]
     if not head:
         raise DatasetError("no_rows", f"{name} is empty.", file=name)
+    # Before the pickle check: a safetensors header of 640 bytes starts 0x80 0x02, like a pickle.
+    if _looks_like_safetensors(head, trust_name=ext == ".safetensors"):
+        return "weights"
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         raise pickle_error(name, "is a Python pickle")
     if ext in PICKLE_EXTENSIONS:
@@ -33,8 +36,8 @@ def sniff_format(filename: str, head: bytes) -> str:
                            "features and labels together: numpy.savez(file, X=features, y=labels).", file=name)
     if head.startswith(ZIP_MAGIC):
         return _sniff_zip(name, ext, head)
-    if ext == ".safetensors" or _looks_like_safetensors(head):
-        return "weights"
+    if ext == ".safetensors":
+        return "weights"  # the weights parser says what is wrong with it
     if ext in (".csv", ".tsv") or (ext == "" and b"\x00" not in head):
         return "csv"  # the parser reports encoding problems with their row
     if ext in TEXT_EXTENSIONS and b"\x00" not in head:
@@ -99,15 +102,16 @@ def pickle_error(name: str, what: str) -> DatasetError:
                         f"y=labels), or upload a CSV.", file=name)
 
 
-def _looks_like_safetensors(head: bytes) -> bool:
-    """An 8-byte little-endian header length, then a JSON object: safetensors' layout."""
+def _looks_like_safetensors(head: bytes, *, trust_name: bool) -> bool:
+    """An 8-byte little-endian header length, then a JSON object: safetensors' layout. A header longer than
+    the head we were given counts only for a file named .safetensors (the weights parser checks it all)."""
     if len(head) < 10 or head[8:9] != b"{":
         return False
     (length,) = struct.unpack("<Q", head[:8])
     if length > 100 * 1024 * 1024:
         return False
     if length + 8 > len(head):
-        return True  # the header runs past the head we were given; the weights parser checks it all
+        return trust_name
     try:
         return isinstance(json.loads(head[8 : 8 + length]), dict)
     except ValueError:

@@ -106,22 +106,33 @@ def _plain_tensors(sd: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def _check_header(data: bytes) -> None:
-    """Refuse obvious non-safetensors early, with a message that says what the bytes look like."""
+    """Refuse obvious non-safetensors early, with a message that says what the bytes look like.
+
+    The safetensors layout is tried first: a valid header length can itself start like a pickle (a
+    640-byte header is 0x80 0x02 ...), so the pickle and zip sniffing only names what failed."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise NotSafetensors(f"expected bytes, got {type(data).__name__}")
     head = bytes(data[:8])
+    problem = _header_problem(data)
+    if problem is None:
+        return
     if head.startswith(b"PK\x03\x04"):
         raise NotSafetensors("this is a zip archive (torch.save format), not safetensors; refusing to unpickle")
     if head[:1] == b"\x80" and head[1:2] in {bytes([p]) for p in range(2, 6)}:
         raise NotSafetensors("this is a Python pickle, not safetensors; refusing to unpickle")
+    raise NotSafetensors(problem)
+
+
+def _header_problem(data: bytes) -> str | None:
     if len(data) < 8:
-        raise NotSafetensors(f"not safetensors: only {len(data)} bytes")
-    (header_len,) = struct.unpack("<Q", head)
+        return f"not safetensors: only {len(data)} bytes"
+    (header_len,) = struct.unpack("<Q", bytes(data[:8]))
     if header_len == 0 or header_len > min(_MAX_HEADER_BYTES, len(data) - 8):
-        raise NotSafetensors("not safetensors: the header length does not fit the data")
+        return "not safetensors: the header length does not fit the data"
     try:
         header = json.loads(bytes(data[8 : 8 + header_len]))
     except (UnicodeDecodeError, ValueError):
-        raise NotSafetensors("not safetensors: the header is not JSON") from None
+        return "not safetensors: the header is not JSON"
     if not isinstance(header, dict):
-        raise NotSafetensors("not safetensors: the header is not a JSON object")
+        return "not safetensors: the header is not a JSON object"
+    return None
