@@ -3,17 +3,20 @@ training through the worker API), the template's metric recorded per round, the 
 from __future__ import annotations
 
 import io
+import zipfile
 
 import numpy as np
 import pytest
+from django.test import Client
 from muninn_worker import tensors
 from muninn_worker.samples import generated_text, synthetic_images
 from PIL import Image
 from sklearn.datasets import load_diabetes, load_digits
 
+from contributors import services as contributors
 from jobs.models import Job, WorkUnit
 
-from .conftest import named_file
+from .conftest import CAPABILITIES, SimulatedDevice, named_file
 from .test_spine import assert_ledger_consistent, run_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,6 +67,7 @@ def test_diabetes_csv_regression_records_rmse_per_round(customer_api, make_devic
     assert rounds[-1].metrics["test_rmse"] < 0.85 * std  # well below predicting the mean
     assert done.metrics["target"] == "progression"
     assert_ledger_consistent(done)
+    assert f"RMSE {rounds[-1].metrics['test_rmse']:.3f}" in Client().get("/").content.decode()  # the front page
 
 
 def test_digits_images_train_a_cnn_on_two_devices(customer_api, make_device):
@@ -83,7 +87,6 @@ def test_digits_images_train_a_cnn_on_two_devices(customer_api, make_device):
 def test_a_zip_of_class_folders_trains_a_cnn_at_the_chosen_size(customer_api, make_device):
     images, labels = synthetic_images(per_class=12, size=12)
     buffer = io.BytesIO()
-    import zipfile
     with zipfile.ZipFile(buffer, "w") as archive:
         for i, (image, label) in enumerate(zip(images, labels)):
             raw = io.BytesIO()
@@ -148,9 +151,6 @@ def test_incompatible_choices_are_refused_with_a_sentence(customer_api, digits_d
 
 
 def test_resnet18_units_go_only_to_gpu_devices(customer_api, contributor):
-    from contributors import services as contributors
-
-    from .conftest import CAPABILITIES, SimulatedDevice
     images, labels = synthetic_images(per_class=8, size=8)
     buffer = io.BytesIO()
     np.savez(buffer, X=images, y=labels)

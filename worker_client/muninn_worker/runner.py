@@ -25,7 +25,7 @@ from muninn_worker.cache import ContentCache
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
 from muninn_worker.training import TrainResult, train_local
-from muninn_worker.zoo import build_model, load_base
+from muninn_worker.zoo import build_model, get_template, load_base
 
 __all__ = ["run", "RunStats", "DeviceRejected"]
 
@@ -173,6 +173,7 @@ def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat,
     model.load_state_dict(incoming, strict=True)  # strict: missing/extra keys and wrong shapes raise
     if base is not None:
         load_base(model, bytes_to_state_dict(base))
+    model.to(_train_device(spec.template))
     X, y = bytes_to_shard(shard)
     if X.shape[0] != spec.samples:
         raise ValueError(f"the shard has {X.shape[0]} samples but the unit says {spec.samples}")
@@ -196,6 +197,14 @@ def _upload(client: ApiClient, spec: _UnitSpec, unit: dict, result: TrainResult)
                             started_at=spec.started_at, finished_at=spec.finished_at)
     log.info("unit %s: uploading %s…", spec.id, _mb(len(payload)))
     return client.submit_result(spec.id, payload, receipt)
+
+
+def _train_device(template: str) -> torch.device:
+    """GPU-tier templates train on the GPU when there is one; everything else on the CPU, where training is
+    bitwise reproducible (the site re-executes units on CPU and compares within a tolerance)."""
+    if get_template(template).tier == "gpu" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
 
 
 def _check_dtypes(expected: dict[str, torch.Tensor], incoming: dict[str, torch.Tensor]) -> None:
