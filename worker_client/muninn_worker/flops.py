@@ -12,6 +12,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from muninn_worker import tasks
@@ -68,10 +69,11 @@ def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int
 
     with e the bytes per element (4 for float32), P the number of trainable parameters (held three times:
     weights, gradients, SGD momentum buffer), B the number of buffer and frozen elements (the normalisation,
-    a LoRA model's frozen base weights), and A
-    the activation elements per sample: the input counted twice (raw and normalised) plus the output of every
-    leaf module. Activations are counted twice because backward holds a gradient of the same size next to
-    each saved activation. The model is built on the meta device, so this allocates nothing.
+    a LoRA model's frozen base weights), and A the activation elements per sample: the floating-point output
+    of every tensor operation of one forward pass that is not a view of another tensor (so a normalised
+    input, each layer's output, and a transformer's attention scores and probabilities all count).
+    Activations are counted twice because backward holds a gradient of the same size next to each saved
+    activation. The model is built on the meta device, so this allocates nothing.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
@@ -82,25 +84,33 @@ def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     buffers = sum(b.numel() for b in model.buffers()) + frozen
-    activations = 2 * inputs.numel() + _leaf_output_elements(model, inputs.to("meta"))
+    activations = _activation_elements(model, inputs.to("meta"))
     return element * (3 * params + buffers) + element * 2 * batch_size * activations
 
 
-def _leaf_output_elements(model: nn.Module, inputs: torch.Tensor) -> int:
-    """Sum of the output sizes of all leaf modules for one forward pass of `inputs`."""
-    total = 0
+class _ActivationCounter(TorchDispatchMode):
+    """Adds up the elements of every floating-point tensor an operation creates (views and aliases excluded)."""
 
-    def count(_module: nn.Module, _args: object, output: object) -> None:
-        nonlocal total
-        if isinstance(output, torch.Tensor):
-            total += output.numel()
+    # _unsafe_view shares its input's storage although its schema does not say so.
+    _SHARING = {"_unsafe_view"}
 
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(count) for m in leaves]
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return total
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if func._opname in self._SHARING or any(r.alias_info is not None for r in schema.returns):
+            return out
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                self.total += tensor.numel()
+        return out
+
+
+def _activation_elements(model: nn.Module, inputs: torch.Tensor) -> int:
+    counter = _ActivationCounter()
+    with torch.no_grad(), counter:
+        model(inputs)
+    return counter.total
