@@ -30,6 +30,18 @@ def sample_count(profile: dict, model_config: dict) -> int:
     return int(profile["rows"])
 
 
+def decoded_too_large(profile: dict, model_config: dict, rows: int) -> str | None:
+    """A zip of images is decoded at the template's size: say so when that would not fit the limit."""
+    if profile.get("format") != "images":
+        return None
+    channels, side = profile["image_shape"][0], model_config.get("height", profile["image_shape"][1])
+    elements = rows * channels * side * side
+    if elements <= datasets.images.MAX_DECODED_ELEMENTS:
+        return None
+    return (f"{rows} images of {channels}x{side}x{side} would take {elements * 4 / 2**30:.1f} GiB decoded; the "
+            f"limit is {datasets.images.MAX_DECODED_ELEMENTS * 4 / 2**30:.2f} GiB. Choose a smaller image_size.")
+
+
 def samples(parsed: datasets.ParsedDataset, model_config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(X, y) tensors, one sample per row, shaped for the model."""
     profile = parsed.profile

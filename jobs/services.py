@@ -112,6 +112,9 @@ def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int,
     except zoo.IncompatibleData as e:
         raise InvalidInput(str(e), code="incompatible_data") from e
     rows = preparation.sample_count(profile, model_config)
+    too_large = preparation.decoded_too_large(profile, model_config, rows)
+    if too_large:
+        raise InvalidInput(too_large, code="too_large", detail={"field": "image_size"})
     if rows < datasets.MIN_ROWS:
         raise InvalidInput(f"This dataset gives {rows} training samples for this model; at least "
                            f"{datasets.MIN_ROWS} are needed (for text: a shorter context, or more text).",
@@ -127,7 +130,10 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
     """Plan the job, split the data once (fixed seed), and make the initial model."""
     plan = job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds, base_weights=base_weights)
     seed = secrets.randbelow(2**31) if seed is None else seed
-    X, y, metadata = _load_samples(dataset, plan.model_config)
+    try:
+        X, y, metadata = _load_samples(dataset, plan.model_config)
+    except datasets.DatasetError as e:  # e.g. a zip of images that does not decode at the chosen size
+        raise InvalidInput(e.message, code=e.code, detail=e.detail) from e
     train_idx, test_idx = datasets.split_holdout(len(y), seed=seed)
     X_train, y_train, X_test, y_test = X[train_idx], y[train_idx], X[test_idx], y[test_idx]
     # Data-derived buffers (feature scaling, a regression target's scale) travel inside the model, so the

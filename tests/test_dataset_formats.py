@@ -165,3 +165,13 @@ def test_safetensors_whose_header_length_looks_like_a_pickle_is_still_weights():
     assert data[:2] == b"\x80\x02"
     assert sniff_format("adapters.safetensors", data[:4096]) == "weights"
     assert error_of(parse_dataset, data, "weights").code == "bad_weights"  # read, then found not a transformer
+
+
+def test_images_that_would_decode_past_the_limit_are_refused_before_decoding(monkeypatch):
+    from jobs.datasets import images
+
+    monkeypatch.setattr(images, "MAX_DECODED_ELEMENTS", 18 * 3 * 16 * 16 - 1)
+
+    error = error_of(parse_dataset, image_zip(), "images", image_size=16)
+
+    assert error.code == "too_large" and "image_size" in error.message

@@ -84,7 +84,7 @@ def test_digits_images_train_a_cnn_on_two_devices(customer_api, make_device):
     assert done.metrics["test_accuracy"] >= 0.9
 
 
-def test_a_zip_of_class_folders_trains_a_cnn_at_the_chosen_size(customer_api, make_device):
+def shapes_zip() -> bytes:
     images, labels = synthetic_images(per_class=12, size=12)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
@@ -92,7 +92,11 @@ def test_a_zip_of_class_folders_trains_a_cnn_at_the_chosen_size(customer_api, ma
             raw = io.BytesIO()
             Image.fromarray(image).save(raw, format="PNG")
             archive.writestr(f"shapes/{['h', 'v', 'box'][label]}/{i}.png", raw.getvalue())
-    dataset = upload(customer_api, buffer.getvalue(), "shapes.zip")
+    return buffer.getvalue()
+
+
+def test_a_zip_of_class_folders_trains_a_cnn_at_the_chosen_size(customer_api, make_device):
+    dataset = upload(customer_api, shapes_zip(), "shapes.zip")
 
     job = create_job(customer_api, dataset["id"], "cnn", 1, hparams={"image_size": 16, "epochs": 1})
     done = run_until_done([make_device()], job["id"])
@@ -167,3 +171,16 @@ def test_resnet18_units_go_only_to_gpu_devices(customer_api, contributor):
     assert Job.objects.get(pk=job["id"]).round_set.get().units.count() == 1  # sharded for the GPU device only
     assert cpu.claim() is None
     assert contributors.unit_claim(device=gpu.device) is not None
+
+
+def test_an_image_size_too_large_to_decode_is_refused_before_anything_is_made(customer_api, monkeypatch):
+    from jobs import datasets
+    dataset = upload(customer_api, shapes_zip(), "shapes.zip")
+    monkeypatch.setattr(datasets.images, "MAX_DECODED_ELEMENTS", 36 * 3 * 64 * 64 - 1)
+
+    response = customer_api.post("/api/jobs", {"dataset": dataset["id"], "template": "cnn", "rounds": 1,
+                                               "hparams": {"image_size": 64}}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "too_large" and "image_size" in response.json()["error"]["message"]
+    assert not Job.objects.exists()

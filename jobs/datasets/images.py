@@ -20,6 +20,7 @@ from .common import PROFILE_FEATURE_NAMES, DatasetError, ParsedDataset, check_ro
 MAX_FILES = 20_000
 MAX_UNPACKED_BYTES = 512 * 1024**2
 MAX_PIXELS = 4096 * 4096
+MAX_DECODED_ELEMENTS = 2**28  # the resized images as float32: 1 GiB
 DEFAULT_SIZE = 32
 FORMATS = {"PNG", "JPEG"}
 EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -41,24 +42,32 @@ def parse_images(data: bytes, *, image_size: int | None = None, max_files: int =
                            f"cats/1.png, dogs/1.png); it has {len(class_names)}: {class_names}.",
                            classes=class_names)
     index = {name: k for k, name in enumerate(class_names)}
-    pictures, labels, sizes, unpacked = [], [], [], 0
-    for label, info in entries:
+    # Two passes, so that only one full-size image is ever decoded at a time: headers first (sizes, modes:
+    # grey or colour decides the channels), then each image decoded and shrunk straight away.
+    modes, sizes, unpacked = [], [], 0
+    for _, info in entries:
         raw = _read(archive, info, max_unpacked - unpacked)
         unpacked += len(raw)
-        image = _decode(raw, info.filename, max_pixels)
-        sizes.append(image.size)
-        pictures.append(image)
-        labels.append(index[label])
-    check_rows(len(pictures))
-    grey = all(image.mode in GREY_MODES for image in pictures)
+        header = _open(raw, info.filename, max_pixels)
+        modes.append(header.mode)
+        sizes.append(header.size)
+    check_rows(len(entries))
+    grey = all(mode in GREY_MODES for mode in modes)
     channels = 1 if grey else 3
-    X = np.stack([_pixels(image, size, grey) for image in pictures])
-    y = np.array(labels, dtype=np.int64)
+    decoded = len(entries) * channels * size * size
+    if decoded > MAX_DECODED_ELEMENTS:
+        raise DatasetError("too_large", f"{len(entries)} images of {channels}x{size}x{size} would take "
+                           f"{decoded * 4 / 2**30:.1f} GiB decoded; the limit is {MAX_DECODED_ELEMENTS * 4 / 2**30:.0f} "
+                           "GiB. Choose a smaller image_size or upload fewer images.", images=len(entries), size=size)
+    X = np.empty((len(entries), channels, size, size), dtype=np.float32)
+    for row, (_, info) in enumerate(entries):
+        X[row] = _pixels(_decode(_read(archive, info, info.file_size), info.filename, max_pixels), size, grey)
+    y = np.array([index[label] for label, _ in entries], dtype=np.int64)
     counts = np.bincount(y, minlength=len(class_names))
     widths, heights = [w for w, _ in sizes], [h for _, h in sizes]
     names = [f"c{c}_y{i}_x{j}" for c in range(channels) for i in range(size) for j in range(size)]
     profile = {
-        "format": "images", "kind": "image", "task": "classification", "rows": len(pictures),
+        "format": "images", "kind": "image", "task": "classification", "rows": len(entries),
         "features": channels * size * size, "feature_names": names[:PROFILE_FEATURE_NAMES], "target": "folder",
         "classes": class_names, "num_classes": len(class_names), "class_counts": dict(zip(class_names, counts.tolist())),
         "image_shape": [channels, size, size], "resizable": True,
@@ -123,9 +132,10 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int) -> bytes
     return raw
 
 
-def _decode(raw: bytes, name: str, max_pixels: int) -> Image.Image:
+def _open(raw: bytes, name: str, max_pixels: int) -> Image.Image:
+    """The image with only its header read: format and pixel count checked before any pixel is decoded."""
     try:
-        image = Image.open(io.BytesIO(raw))  # reads the header only
+        image = Image.open(io.BytesIO(raw))
         if image.format not in FORMATS:
             raise DatasetError("bad_image", f"{name} is a {image.format} image; only PNG and JPEG are read.",
                                file=name)
@@ -133,10 +143,18 @@ def _decode(raw: bytes, name: str, max_pixels: int) -> Image.Image:
         if width * height > max_pixels:
             raise DatasetError("too_large", f"{name} is {width}x{height} pixels; the limit is {max_pixels} pixels "
                                "per image.", file=name, width=width, height=height, limit=max_pixels)
-        image.load()
     except DatasetError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise DatasetError("bad_image", f"{name} is not a readable PNG or JPEG image ({exc}).", file=name) from None
+    return image
+
+
+def _decode(raw: bytes, name: str, max_pixels: int) -> Image.Image:
+    image = _open(raw, name, max_pixels)
+    try:
+        image.load()
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise DatasetError("bad_image", f"{name} is not a readable PNG or JPEG image ({exc}).", file=name) from None
     return image
 
