@@ -1,7 +1,6 @@
 """What every dataset format shares: the customer-facing error, the parsed result, limits, small helpers."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,7 +83,3 @@ def check_rows(rows: int) -> None:
     if rows < MIN_ROWS:
         raise DatasetError("too_few_rows", f"The dataset has {rows} rows; at least {MIN_ROWS} are needed to "
                            "train and hold some out for evaluation.", rows=rows, minimum=MIN_ROWS)
-
-
-def finite_float(value: float) -> float:
-    return float(value) if math.isfinite(value) else 0.0

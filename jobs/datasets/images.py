@@ -56,9 +56,10 @@ def parse_images(data: bytes, *, image_size: int | None = None, max_files: int =
     channels = 1 if grey else 3
     decoded = len(entries) * channels * size * size
     if decoded > MAX_DECODED_ELEMENTS:
+        limit_gib = MAX_DECODED_ELEMENTS * 4 / 2**30
         raise DatasetError("too_large", f"{len(entries)} images of {channels}x{size}x{size} would take "
-                           f"{decoded * 4 / 2**30:.1f} GiB decoded; the limit is {MAX_DECODED_ELEMENTS * 4 / 2**30:.0f} "
-                           "GiB. Choose a smaller image_size or upload fewer images.", images=len(entries), size=size)
+                           f"{decoded * 4 / 2**30:.1f} GiB decoded; the limit is {limit_gib:.2f} GiB. Choose a "
+                           "smaller image_size or upload fewer images.", images=len(entries), size=size)
     X = np.empty((len(entries), channels, size, size), dtype=np.float32)
     for row, (_, info) in enumerate(entries):
         X[row] = _pixels(_decode(_read(archive, info, info.file_size), info.filename, max_pixels), size, grey)
@@ -69,7 +70,8 @@ def parse_images(data: bytes, *, image_size: int | None = None, max_files: int =
     profile = {
         "format": "images", "kind": "image", "task": "classification", "rows": len(entries),
         "features": channels * size * size, "feature_names": names[:PROFILE_FEATURE_NAMES], "target": "folder",
-        "classes": class_names, "num_classes": len(class_names), "class_counts": dict(zip(class_names, counts.tolist())),
+        "classes": class_names, "num_classes": len(class_names),
+        "class_counts": dict(zip(class_names, counts.tolist())),
         "image_shape": [channels, size, size], "resizable": True,
         "original_size": {"min": [min(widths), min(heights)], "max": [max(widths), max(heights)]},
         "unpacked_bytes": unpacked,
