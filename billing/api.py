@@ -21,6 +21,13 @@ def _money(nanos: int) -> dict:
     return {"nanos": nanos, "currency": currency, "display": money.format_money(nanos, currency)}
 
 
+def _base_weights(request, choice: dict):
+    """The customer's base model for a LoRA job, looked up through their own datasets."""
+    if choice.get("base_weights") is None:
+        return None
+    return job_selectors.dataset_get(owner=request.user, dataset_id=choice["base_weights"])
+
+
 class EstimateView(APIView):
     """What a job would cost, before anything is created: FLOPs, HU, price, peak memory."""
 
@@ -30,7 +37,7 @@ class EstimateView(APIView):
         choice = parse_choice(request)
         dataset = job_selectors.dataset_get(owner=request.user, dataset_id=choice["dataset"])
         plan = job_services.job_plan(dataset=dataset, template=choice["template"], hparams=choice["hparams"],
-                                     rounds=choice["rounds"])
+                                     rounds=choice["rounds"], base_weights=_base_weights(request, choice))
         est = plan.estimate
         price = money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True)
         return Response({
@@ -68,6 +75,7 @@ class QuoteListView(APIView):
         dataset = job_selectors.dataset_get(owner=request.user, dataset_id=choice["dataset"])
         quote = services.quote_issue(customer=request.user, dataset=dataset, template=choice["template"],
                                      hparams=choice["hparams"], rounds=choice["rounds"],
+                                     base_weights=_base_weights(request, choice), aggregation=choice["aggregation"],
                                      online_capacity=self.online_capacity)
         return Response(quote_body(quote), status=201)
 

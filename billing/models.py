@@ -87,9 +87,12 @@ class Quote(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     customer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="quotes")
     dataset = models.ForeignKey("jobs.Dataset", on_delete=models.CASCADE, related_name="+")
+    base_weights = models.ForeignKey("jobs.Dataset", null=True, blank=True, on_delete=models.CASCADE,
+                                     related_name="+")  # LoRA: the customer's base model
     template = models.CharField(max_length=64)
     hparams = models.JSONField(default=dict)
     rounds = models.PositiveIntegerField()
+    aggregation = models.CharField(max_length=16, default="fedavg")
     flops = models.BigIntegerField()
     price = models.BigIntegerField()  # nanos, rounded up
     price_per_hu = models.DecimalField(max_digits=24, decimal_places=9)

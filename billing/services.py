@@ -80,11 +80,13 @@ def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None
 
 # --- Quotes ---------------------------------------------------------------------------------------
 
-def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
-                online_capacity: OnlineCapacity | None = None, now: datetime | None = None) -> Quote:
+def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int, base_weights=None,
+                aggregation: str = "fedavg", online_capacity: OnlineCapacity | None = None,
+                now: datetime | None = None) -> Quote:
     """Price a job before it exists: HU and price (rounded up), the device tier its peak memory needs, and the
     wall time the devices online now should take. Valid for MUNINN_QUOTE_TTL_SECONDS."""
-    plan = job_services.job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds)
+    plan = job_services.job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds,
+                                 base_weights=base_weights)
     est = plan.estimate
     try:
         tier = pricing.device_tier(est.peak_memory_bytes)
@@ -96,7 +98,7 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
     rate = settings.MUNINN_PRICE_PER_HU
     return Quote.objects.create(
         customer=customer, dataset=dataset, template=template, hparams=plan.hparams, rounds=rounds,
-        flops=est.flops_total, price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
+        base_weights=base_weights, aggregation=aggregation, flops=est.flops_total, price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
         expected_seconds=pricing.expected_wall_seconds(
@@ -124,7 +126,8 @@ def quote_accept(*, customer, quote_id, now: datetime | None = None):
             raise NotFound(f"There is no quote {quote_id}.")
         _quote_usable(quote, now)
         job = job_services.job_create(owner=customer, dataset=quote.dataset, template=quote.template,
-                                      hparams=quote.hparams, rounds=quote.rounds)
+                                      hparams=quote.hparams, rounds=quote.rounds, base_weights=quote.base_weights,
+                                      aggregation=quote.aggregation)
         return job_services.job_start(job_id=job.pk, quote=str(quote.pk))
 
 
@@ -136,7 +139,7 @@ def _quote_for_start(*, job, quote_id, now: datetime) -> Quote:
         if quote is not None:
             return quote
         return quote_issue(customer=job.owner, dataset=job.dataset, template=job.template, hparams=job.hparams,
-                           rounds=job.rounds, now=now)
+                           rounds=job.rounds, base_weights=job.base_weights, aggregation=job.aggregation, now=now)
     try:
         quote = Quote.objects.select_for_update().filter(pk=quote_id, customer=job.owner).first()
     except ValidationError as e:  # not a UUID

@@ -11,9 +11,11 @@ from rest_framework.views import APIView
 
 from accounts.permissions import IsContributor, IsCustomer
 from jobs import selectors as job_selectors
+from jobs import services as job_services
 from jobs import storage
 from jobs.hu import hu_str
-from muninn.errors import InvalidInput, TooLarge
+from muninn.errors import InvalidInput, NotFound, TooLarge
+from muninn_worker import zoo
 
 from . import results, selectors, services
 from .checks import load_public_key
@@ -72,9 +74,9 @@ def unit_payload(claim: services.Claim) -> dict:
         "lease_expires_at": unit.lease_expires_at.isoformat().replace("+00:00", "Z"),
         "lease_seconds": settings.MUNINN_LEASE_SECONDS,
         "template": job.template, "model_config": job.model_config,
-        "train": {"epochs": hp["epochs"], "batch_size": hp["batch_size"], "lr": hp["lr"],
-                  "momentum": hp["momentum"], "seed": unit.seed},
+        "train": job_services.unit_train_spec(unit),
         "weights_sha256": unit.round.weights_sha256, "shard_sha256": unit.shard_sha256, "samples": unit.samples,
+        "base_sha256": job.base_weights.sha256 if job.base_weights_id else None,
     }
 
 
@@ -96,6 +98,17 @@ class UnitShardView(DeviceView):
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         return FileResponse(storage.blob_open(unit.shard_sha256), content_type="application/octet-stream")
+
+
+class UnitBaseView(DeviceView):
+    """LoRA: the job's frozen base weights (safetensors), the same for every unit of the job: cache by hash."""
+
+    def get(self, request, unit_id: int):
+        unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
+        job = unit.round.job
+        if job.base_weights_id is None:
+            raise NotFound("This unit's job trains from scratch; it has no base weights.")
+        return FileResponse(storage.blob_open(job.base_weights.sha256), content_type="application/octet-stream")
 
 
 class HeartbeatView(DeviceView):

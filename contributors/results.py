@@ -6,7 +6,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from muninn_worker import tensors, training, zoo
+from muninn_worker import tensors, training
 
 from billing import services as billing
 from jobs import services as jobs
@@ -138,11 +138,9 @@ def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, 
     """Loss of the global and of the submitted weights on a few samples of the unit's own shard."""
     X, y = jobs.load_xy(unit.shard_sha256)
     X, y = X[:LOSS_CHECK_SAMPLES], y[:LOSS_CHECK_SAMPLES]
-    model = zoo.build_model(unit.round.job.template, unit.round.job.model_config)
-    model.load_state_dict(reference)
-    before = training.evaluate(model, X, y)["loss"]
-    model.load_state_dict(state)
-    return before, training.evaluate(model, X, y)["loss"]
+    job = unit.round.job
+    before = training.evaluate(jobs.job_model(job, reference), X, y)["loss"]
+    return before, training.evaluate(jobs.job_model(job, state), X, y)["loss"]
 
 
 def _jsonable(receipt: dict) -> dict:

@@ -13,10 +13,17 @@ def devices_online() -> QuerySet[Device]:
     return Device.objects.filter(is_active=True, last_seen_at__gte=since)
 
 
-def device_capacities_online(*, min_memory_bytes: int = 0) -> list[tuple[int, float]]:
-    """(device id, measured samples/s) of the online devices that can run a job needing this much memory."""
+def device_has_gpu(device: Device) -> bool:
+    """A GPU-tier device: it reports a CUDA backend."""
+    backends = (device.capabilities or {}).get("backends") or []
+    return isinstance(backends, list) and "cuda" in backends
+
+
+def device_capacities_online(*, min_memory_bytes: int = 0, gpu: bool = False) -> list[tuple[int, float]]:
+    """(device id, measured samples/s) of the online devices that can run a job needing this much memory
+    (and, for a GPU-tier template, a GPU)."""
     rows = devices_online().filter(memory_bytes__gte=min_memory_bytes).order_by("id")
-    return list(rows.values_list("id", "samples_per_s"))
+    return [(d.pk, d.samples_per_s) for d in rows if not gpu or device_has_gpu(d)]
 
 
 def devices_for(*, owner) -> QuerySet[Device]:

@@ -51,7 +51,8 @@ def unit_claim(*, device: Device) -> Claim | None:
         raise Quarantined(f"This device is quarantined and gets no work: {device.quarantine_reason} "
                           "Contact support to have it reviewed.")
     with transaction.atomic():
-        unit = jobs.unit_lease(device_id=device.pk, memory_bytes=device.memory_bytes)
+        unit = jobs.unit_lease(device_id=device.pk, memory_bytes=device.memory_bytes,
+                               gpu=selectors.device_has_gpu(device))
         if unit is None:
             return None
         lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token)

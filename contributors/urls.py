@@ -7,6 +7,7 @@ urlpatterns = [
     path("claim", api.ClaimView.as_view(), name="worker-claim"),
     path("units/<int:unit_id>/weights", api.UnitWeightsView.as_view(), name="worker-unit-weights"),
     path("units/<int:unit_id>/shard", api.UnitShardView.as_view(), name="worker-unit-shard"),
+    path("units/<int:unit_id>/base", api.UnitBaseView.as_view(), name="worker-unit-base"),
     path("units/<int:unit_id>/heartbeat", api.HeartbeatView.as_view(), name="worker-unit-heartbeat"),
     path("units/<int:unit_id>/result", api.ResultView.as_view(), name="worker-unit-result"),
 ]

@@ -11,7 +11,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from muninn_worker import tensors, training, zoo
+from muninn_worker import tensors, training
 
 from jobs import services as jobs
 from jobs import storage
@@ -33,11 +33,7 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
     unit, job = pending.unit, pending.unit.round.job
     reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
     X, y = jobs.load_xy(unit.shard_sha256)
-    model = zoo.build_model(job.template, job.model_config)
-    model.load_state_dict(reference)
-    hp = job.hparams
-    recomputed = training.train_local(model, X, y, epochs=hp["epochs"], batch_size=hp["batch_size"], lr=hp["lr"],
-                                      momentum=hp["momentum"], seed=unit.seed).state_dict
+    recomputed = training.train_local(jobs.job_model(job, reference), X, y, **jobs.unit_train_spec(unit)).state_dict
     submitted = tensors.bytes_to_state_dict(storage.blob_get(unit.result_sha256))
     distance = checks.reexecution_distance(submitted, recomputed, reference)
 

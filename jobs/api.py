@@ -1,4 +1,7 @@
 """The customer API for datasets and jobs: thin views over jobs.services and jobs.selectors."""
+import io
+import json
+
 from django.conf import settings
 from django.db import transaction
 from django.http import FileResponse
@@ -8,8 +11,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsCustomer
-from muninn.errors import Conflict, TooLarge
-from muninn_worker import zoo
+from muninn.errors import Conflict, InvalidInput, TooLarge
+from muninn_worker import tensors, zoo
 
 from . import selectors, services, storage
 from .models import Dataset, Job, Round
@@ -25,6 +28,8 @@ class DatasetUploadSerializer(serializers.Serializer):
     file = serializers.FileField(allow_empty_file=True)  # the service says "the file is empty" itself
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     target = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    task = serializers.ChoiceField(choices=["", "classification", "regression"], required=False, default="")
+    tokenizer = serializers.ChoiceField(choices=["", "char", "byte"], required=False, default="")
 
 
 class DatasetListView(APIView):
@@ -41,7 +46,8 @@ class DatasetListView(APIView):
         if upload.size > settings.MUNINN_MAX_UPLOAD_BYTES:
             raise TooLarge(f"The file is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
         dataset = services.dataset_create(owner=request.user, filename=upload.name, data=upload.read(),
-                                          name=data.validated_data["name"], target=data.validated_data["target"])
+                                          name=data.validated_data["name"], target=data.validated_data["target"],
+                                          task=data.validated_data["task"], tokenizer=data.validated_data["tokenizer"])
         return Response(DatasetSerializer(dataset).data, status=201)
 
 
@@ -72,7 +78,8 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "dataset", "template", "hparams", "model_config", "algorithm", "aggregation", "rounds",
+        fields = ["id", "dataset", "base_weights", "template", "hparams", "model_config", "algorithm",
+                  "aggregation", "rounds",
                   "rounds_done",
                   "seed", "status", "flops_estimated", "hu_estimated", "peak_memory_bytes", "n_train", "n_test",
                   "current_round", "metrics", "error", "created_at", "started_at", "finished_at"]
@@ -96,6 +103,7 @@ class JobCreateSerializer(serializers.Serializer):
     template = serializers.ChoiceField(choices=sorted(zoo.TEMPLATES))
     hparams = serializers.DictField(required=False, default=dict)
     rounds = serializers.IntegerField(min_value=1)
+    base_weights = serializers.IntegerField(required=False, allow_null=True, default=None)
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
     aggregation = serializers.ChoiceField(choices=Job.Aggregation.choices, required=False,
                                           default=Job.Aggregation.FEDAVG)
@@ -114,11 +122,14 @@ class JobListView(APIView):
         data.is_valid(raise_exception=True)
         v = data.validated_data
         dataset = selectors.dataset_get(owner=request.user, dataset_id=v["dataset"])
+        base = None
+        if v["base_weights"] is not None:
+            base = selectors.dataset_get(owner=request.user, dataset_id=v["base_weights"])
         quote = str(v["quote"]) if v.get("quote") else None
         with transaction.atomic():  # a start that is refused (balance, quote) leaves no job behind
             job = services.job_create(owner=request.user, dataset=dataset, template=v["template"],
                                       hparams=v["hparams"], rounds=v["rounds"], seed=v.get("seed"),
-                                      aggregation=v["aggregation"])
+                                      aggregation=v["aggregation"], base_weights=base)
             if v["start"]:
                 job = services.job_start(job_id=job.pk, quote=quote)
         return Response(JobDetailSerializer(job).data, status=201)
@@ -155,7 +166,9 @@ class JobCancelView(APIView):
 
 
 class JobModelView(APIView):
-    """The trained model: safetensors of the final global weights."""
+    """The trained model: safetensors of the final global weights, with the template and model_config in the
+    file's metadata. For a LoRA job these are the adapters; `?artefact=merged` gives the merged transformer
+    (base + adapters), which can be uploaded again as base weights."""
 
     permission_classes = [IsCustomer]
 
@@ -163,19 +176,31 @@ class JobModelView(APIView):
         job = selectors.job_get(owner=request.user, job_id=job_id)
         if job.status != Job.Status.SUCCEEDED:
             raise Conflict(f"The model is ready when the job has succeeded; it is {job.status}.", code="not_ready")
-        return FileResponse(storage.blob_open(job.global_weights_sha256), as_attachment=True,
-                            filename=f"muninn-job-{job.pk}-{job.template}.safetensors",
+        artefact = request.query_params.get("artefact", "model")
+        state = tensors.bytes_to_state_dict(storage.blob_get(job.global_weights_sha256))
+        template, config = job.template, job.model_config
+        if artefact == "merged":
+            if job.base_weights_id is None:
+                raise InvalidInput("Only a lora job has a merged model.", code="bad_artefact")
+            base = tensors.bytes_to_state_dict(storage.blob_get(job.base_weights.sha256))
+            state = zoo.merge_lora(config, base, state)
+            template, config = "transformer", {k: v for k, v in config.items() if k not in ("rank", "alpha")}
+        elif artefact != "model":
+            raise InvalidInput("artefact must be 'model' or 'merged'.", code="bad_artefact")
+        metadata = {"muninn_template": template, "muninn_model_config": json.dumps(config),
+                    "muninn_job": str(job.pk), "muninn_data": json.dumps(job.metrics.get("classes") or
+                                                                          job.metrics.get("vocab") or [])}
+        suffix = "-merged" if artefact == "merged" else ""
+        return FileResponse(io.BytesIO(tensors.state_dict_to_bytes(state, metadata=metadata)), as_attachment=True,
+                            filename=f"muninn-job-{job.pk}-{job.template}{suffix}.safetensors",
                             content_type="application/octet-stream")
 
 
 class TemplateListView(APIView):
+    """The template registry: tasks, metrics, data kinds, device tier, hyper-parameters with defaults and bounds."""
+
     def get(self, request):
-        return Response([
-            {"name": t.name, "title": t.title, "description": t.description, "task": t.task,
-             "hparams": [{"name": h.name, "kind": h.kind, "default": h.default, "minimum": h.minimum,
-                          "maximum": h.maximum, "help": h.help} for h in t.hparams]}
-            for t in zoo.TEMPLATES.values()
-        ])
+        return Response([t.describe() for t in zoo.TEMPLATES.values()])
 
 
 def parse_choice(request) -> dict:

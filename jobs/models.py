@@ -13,6 +13,9 @@ class Dataset(models.Model):
     class Format(models.TextChoices):
         CSV = "csv", "CSV"
         NPZ = "npz", "NumPy NPZ"
+        IMAGES = "images", "Zip of class-folder images"
+        TEXT = "text", "Plain text"
+        WEIGHTS = "weights", "Model weights (safetensors)"
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="datasets")
     name = models.CharField(max_length=200)
@@ -53,6 +56,10 @@ class Job(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="jobs")
+    # LoRA: the customer's uploaded base weights (a "weights" dataset); they stay frozen and never travel
+    # inside the global weights, which are the adapters only.
+    base_weights = models.ForeignKey(Dataset, on_delete=models.PROTECT, null=True, blank=True,
+                                     related_name="fine_tunes")
     template = models.CharField(max_length=64)
     hparams = models.JSONField(default=dict)
     model_config = models.JSONField(default=dict)
@@ -64,6 +71,7 @@ class Job(models.Model):
 
     # The estimate: FLOPs are counted once here and reused for every unit, so quote and credit agree.
     flops_per_sample = models.BigIntegerField()
+    forward_flops_per_sample = models.BigIntegerField(default=0)  # the receipt's evaluation passes, per sample
     flops_estimated = models.BigIntegerField()
     peak_memory_bytes = models.BigIntegerField()
 
@@ -136,7 +144,7 @@ class WorkUnit(models.Model):
     shard_stop = models.PositiveIntegerField()
     shard_sha256 = models.CharField(max_length=64)
     seed = models.BigIntegerField()
-    flops = models.BigIntegerField()  # the work this unit is worth: flops_per_sample × samples × epochs
+    flops = models.BigIntegerField()  # samples × (flops_per_sample × epochs + 2 × forward_flops_per_sample)
     min_memory_bytes = models.BigIntegerField(default=0)
     # The device the shard was sized for (a contributors.Device id, kept as a plain number so that jobs/
     # stays below contributors/). Until `reserved_until` only that device may lease it; then anyone can.

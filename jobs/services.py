@@ -17,7 +17,7 @@ from muninn_worker import tensors, training, zoo
 
 from muninn.errors import Conflict, InvalidInput, TooLarge
 
-from . import datasets, estimate, robust, storage
+from . import datasets, estimate, preparation, robust, storage
 from .models import Dataset, Job, Round, WorkUnit
 from .sharding import plan_shards
 from .signals import job_ended, job_started
@@ -27,15 +27,20 @@ log = logging.getLogger(__name__)
 
 # --- Datasets -------------------------------------------------------------------------------------
 
-def dataset_create(*, owner, filename: str, data: bytes, name: str = "", target: str = "") -> Dataset:
-    """Validate, profile and store an upload. Nothing is stored unless the whole file is valid."""
+def dataset_create(*, owner, filename: str, data: bytes, name: str = "", target: str = "", task: str = "",
+                   tokenizer: str = "") -> Dataset:
+    """Validate, profile and store an upload. Nothing is stored unless the whole file is valid.
+
+    `task` forces a table's target to "classification" or "regression" (default: detected); `tokenizer` is
+    "char" (default) or "byte" for text."""
     if len(data) > settings.MUNINN_MAX_UPLOAD_BYTES:
         raise TooLarge(f"The file is {len(data):,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
     if not data:
         raise InvalidInput("The file is empty.", code="empty_file")
     try:
         fmt = datasets.sniff_format(filename, data[:4096])
-        parsed = datasets.parse_dataset(data, fmt, target=target or None)
+        parsed = datasets.parse_dataset(data, fmt, target=target or None, task=task or None,
+                                        tokenizer=tokenizer or None)
     except datasets.DatasetError as e:
         raise InvalidInput(e.message, code=e.code, detail=e.detail) from e
     sha = storage.blob_put(data)
@@ -45,8 +50,13 @@ def dataset_create(*, owner, filename: str, data: bytes, name: str = "", target:
     )
 
 
-def _load_arrays(dataset: Dataset) -> datasets.ParsedDataset:
-    return datasets.parse_dataset(storage.blob_get(dataset.sha256), dataset.format, target=dataset.target or None)
+def _load_samples(dataset: Dataset, model_config: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The dataset as (X, y) samples for this model, read exactly as at upload, and the job's metadata."""
+    options = preparation.parse_options(dataset.profile, model_config)
+    parsed = datasets.parse_dataset(storage.blob_get(dataset.sha256), dataset.format, target=dataset.target or None,
+                                    **options)
+    X, y = preparation.samples(parsed, model_config)
+    return X, y, preparation.job_metadata(parsed.profile)
 
 
 def _xy_bytes(X: torch.Tensor, y: torch.Tensor) -> bytes:
@@ -64,51 +74,84 @@ class JobPlan:
     hparams: dict
     model_config: dict
     estimate: estimate.Estimate
+    base_weights: Dataset | None = None
 
 
-def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int) -> JobPlan:
-    """Validate a customer's choice and count its work, writing nothing (the estimate shown before paying)."""
+def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int,
+             base_weights: Dataset | None = None) -> JobPlan:
+    """Validate a customer's choice and count its work, writing nothing (the estimate shown before paying).
+
+    The model_config comes from the template and the dataset's profile; `base_weights` (a "weights" dataset
+    of the same owner) is required by templates that fine-tune uploaded weights (lora) and refused by others."""
     if not 1 <= rounds <= settings.MUNINN_MAX_ROUNDS:
         raise InvalidInput(f"rounds must be between 1 and {settings.MUNINN_MAX_ROUNDS}.", code="bad_rounds")
     try:
+        spec = zoo.get_template(template)
         hp = zoo.validate_hparams(template, hparams or {})
-    except ValueError as e:  # UnknownTemplate, InvalidHParams
+    except zoo.InvalidHParams as e:
+        raise InvalidInput(str(e), code="bad_hparams", detail={"field": e.field}) from e
+    except ValueError as e:  # UnknownTemplate
         raise InvalidInput(str(e), code="bad_hparams") from e
     profile = dataset.profile
-    model_config = {"in_features": profile["features"], "num_classes": profile["num_classes"], "hidden": hp["hidden"]}
-    train_idx, _ = datasets.split_holdout(profile["rows"], seed=0)  # the split's sizes do not depend on the seed
+    if profile.get("kind") == "weights":
+        raise InvalidInput(f"Dataset {dataset.pk} holds model weights, not training data; pass it as base_weights "
+                           "of a lora job.", code="incompatible_data")
+    if spec.needs_base and base_weights is not None:
+        if base_weights.profile.get("kind") != "weights":
+            raise InvalidInput(f"base_weights must be a .safetensors upload; dataset {base_weights.pk} is "
+                               f"{base_weights.format}.", code="incompatible_data")
+        profile = {**profile, "base_model_config": base_weights.profile["model_config"]}
+    elif base_weights is not None:
+        raise InvalidInput(f"The {template} template trains from scratch; base_weights are for lora.",
+                           code="incompatible_data")
+    try:
+        model_config = zoo.model_config_for(template, profile, hp)
+    except zoo.InvalidHParams as e:
+        raise InvalidInput(str(e), code="bad_hparams", detail={"field": e.field}) from e
+    except zoo.IncompatibleData as e:
+        raise InvalidInput(str(e), code="incompatible_data") from e
+    rows = preparation.sample_count(profile, model_config)
+    too_large = preparation.decoded_too_large(profile, model_config, rows)
+    if too_large:
+        raise InvalidInput(too_large, code="too_large", detail={"field": "image_size"})
+    if rows < datasets.MIN_ROWS:
+        raise InvalidInput(f"This dataset gives {rows} training samples for this model; at least "
+                           f"{datasets.MIN_ROWS} are needed (for text: a shorter context, or more text).",
+                           code="too_few_rows")
+    train_idx, _ = datasets.split_holdout(rows, seed=0)  # the split's sizes do not depend on the seed
     est = estimate.job_estimate(template=template, model_config=model_config, hparams=hp,
                                 n_train=len(train_idx), rounds=rounds)
-    return JobPlan(hp, model_config, est)
+    return JobPlan(hp, model_config, est, base_weights)
 
 
 def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds: int,
-               seed: int | None = None, aggregation: str = Job.Aggregation.FEDAVG) -> Job:
+               seed: int | None = None, base_weights: Dataset | None = None,
+               aggregation: str = Job.Aggregation.FEDAVG) -> Job:
     """Plan the job, split the data once (fixed seed), and make the initial model."""
-    plan = job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds)
+    plan = job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds, base_weights=base_weights)
     seed = secrets.randbelow(2**31) if seed is None else seed
-    parsed = _load_arrays(dataset)
-    train_idx, test_idx = datasets.split_holdout(len(parsed.y), seed=seed)
-    X = torch.from_numpy(parsed.X)
-    y = torch.from_numpy(parsed.y)
+    try:
+        X, y, metadata = _load_samples(dataset, plan.model_config)
+    except datasets.DatasetError as e:  # e.g. a zip of images that does not decode at the chosen size
+        raise InvalidInput(e.message, code=e.code, detail=e.detail) from e
+    train_idx, test_idx = datasets.split_holdout(len(y), seed=seed)
     X_train, y_train, X_test, y_test = X[train_idx], y[train_idx], X[test_idx], y[test_idx]
-    state = zoo.init_state(template, plan.model_config, seed)
-    # Feature scaling travels inside the model (buffers), so the downloaded model takes raw inputs.
-    std = X_train.std(dim=0)
-    state["norm_mean"] = X_train.mean(dim=0)
-    state["norm_std"] = torch.where(std > 1e-6, std, torch.ones_like(std))
+    # Data-derived buffers (feature scaling, a regression target's scale) travel inside the model, so the
+    # downloaded model takes raw inputs and answers in the customer's units.
+    state = zoo.get_template(template).fit_state(zoo.init_state(template, plan.model_config, seed), X_train, y_train)
     est = plan.estimate
     with transaction.atomic():
         return Job.objects.create(
             owner=owner, dataset=dataset, template=template, hparams=plan.hparams, model_config=plan.model_config,
-            rounds=rounds, seed=seed, aggregation=aggregation,
-            flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
+            base_weights=base_weights, aggregation=aggregation,
+            rounds=rounds, seed=seed, flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
+            forward_flops_per_sample=est.forward_flops_per_sample,
             peak_memory_bytes=est.peak_memory_bytes,
             train_sha256=storage.blob_put(_xy_bytes(X_train, y_train)),
             test_sha256=storage.blob_put(_xy_bytes(X_test, y_test)),
             n_train=len(train_idx), n_test=len(test_idx),
             global_weights_sha256=storage.blob_put(tensors.state_dict_to_bytes(state)),
-            metrics={"classes": parsed.classes},
+            metrics=metadata,
         )
 
 
@@ -190,7 +233,8 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
                 shard_sha256=storage.blob_put(_xy_bytes(X[shard.start:shard.stop], y[shard.start:shard.stop])),
                 seed=_unit_seed(job, number, i),
                 flops=estimate.unit_flops(flops_per_sample=job.flops_per_sample, samples=shard.stop - shard.start,
-                                          epochs=job.hparams["epochs"]),
+                                          epochs=job.hparams["epochs"],
+                                          forward_flops_per_sample=job.forward_flops_per_sample),
                 min_memory_bytes=job.peak_memory_bytes,
                 preferred_device_id=None if shard.device is None else devices[shard.device][0],
                 reserved_until=None if shard.device is None else reserved_until,
@@ -221,13 +265,9 @@ def round_aggregate(*, round_id: int) -> Round:
         new_state = _combine(job, states, samples, global_state)
         rnd.result_sha256 = storage.blob_put(tensors.state_dict_to_bytes(new_state))
 
-        model = zoo.build_model(job.template, job.model_config)
-        model.load_state_dict(new_state)
-        X_test, y_test = load_xy(job.test_sha256)
-        evaluation = training.evaluate(model, X_test, y_test)
+        evaluation = _evaluate(job, new_state)
         rnd.metrics = {
-            "test_accuracy": evaluation["accuracy"],
-            "test_loss": evaluation["loss"],
+            **{f"test_{name}": value for name, value in evaluation.items()},
             "train_loss": sum(u.result_metrics.get("loss_after", 0.0) * n for u, n in zip(accepted, samples))
             / sum(samples),
             "samples": sum(samples),
@@ -254,6 +294,30 @@ def _combine(job: Job, states: list, samples: list[int], global_state: dict) -> 
     return robust.aggregate(rule, states, samples, global_state)
 
 
+def unit_train_spec(unit: WorkUnit) -> dict:
+    """How a unit is trained: the arguments of `training.train_local`, the same for the device that does
+    the work and for the validator that re-executes it."""
+    hp = unit.round.job.hparams
+    return {"epochs": hp["epochs"], "batch_size": hp["batch_size"], "lr": hp["lr"],
+            "momentum": hp.get("momentum", 0.0), "seed": unit.seed,
+            "optimizer": zoo.get_template(unit.round.job.template).optimizer}
+
+
+def job_model(job: Job, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The job's model with these weights (and, for LoRA, the customer's frozen base under them)."""
+    model = zoo.build_model(job.template, job.model_config)
+    model.load_state_dict(state)
+    if job.base_weights_id is not None:
+        zoo.load_base(model, tensors.bytes_to_state_dict(storage.blob_get(job.base_weights.sha256)))
+    return model
+
+
+def _evaluate(job: Job, state: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The template's metrics on the held-out split: accuracy, RMSE or perplexity, and the loss."""
+    X_test, y_test = load_xy(job.test_sha256)
+    return training.evaluate(job_model(job, state), X_test, y_test)
+
+
 def rounds_overdue(*, now: datetime | None = None) -> list[int]:
     """Open rounds past their deadline that have at least one accepted result: ready to close as they are."""
     now = now or timezone.now()
@@ -265,10 +329,19 @@ def rounds_overdue(*, now: datetime | None = None) -> list[int]:
 
 # --- Work units -----------------------------------------------------------------------------------
 
-def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None = None) -> WorkUnit | None:
-    """Lease one queued unit the device can run: first one sized for it, else one nobody else has reserved.
-    Never the same unit to two devices: rows are locked with SKIP LOCKED where the database has it, and the
-    lease itself is a conditional update on the status."""
+GPU_TEMPLATES = tuple(sorted(name for name, spec in zoo.TEMPLATES.items() if spec.tier == "gpu"))
+
+
+def job_needs_gpu(job: Job) -> bool:
+    return job.template in GPU_TEMPLATES
+
+
+def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None = None,
+               gpu: bool = True) -> WorkUnit | None:
+    """Lease one queued unit the device can run: first one sized for it, else one nobody else has reserved;
+    a device without a GPU (`gpu=False`) never gets a GPU-tier template's unit. Never the same unit to two
+    devices: rows are locked with SKIP LOCKED where the database has it, and the lease itself is a
+    conditional update on the status."""
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
     now = timezone.now()
     with transaction.atomic():
@@ -277,6 +350,8 @@ def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None =
             status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
             min_memory_bytes__lte=memory_bytes,
         ).order_by(Case(When(preferred_device_id=device_id, then=0), default=1), "id")
+        if not gpu:
+            candidates = candidates.exclude(round__job__template__in=GPU_TEMPLATES)
         if connection.features.has_select_for_update_skip_locked:
             candidates = candidates.select_for_update(skip_locked=True, of=("self",))
         for unit in candidates[:4]:

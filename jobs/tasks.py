@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def _online_devices(job: Job) -> list[tuple[int, float]]:
     from contributors.selectors import device_capacities_online
 
-    return device_capacities_online(min_memory_bytes=job.peak_memory_bytes)
+    return device_capacities_online(min_memory_bytes=job.peak_memory_bytes, gpu=services.job_needs_gpu(job))
 
 
 @shared_task(name="jobs.tasks.open_round")

@@ -85,6 +85,11 @@ class SimulatedDevice:
         shard = b"".join(self.client.get(f"/api/worker/units/{unit['id']}/shard").streaming_content)
         model = zoo.build_model(unit["template"], unit["model_config"])
         model.load_state_dict(tensors.bytes_to_state_dict(weights))
+        if unit.get("base_sha256"):
+            base = b"".join(self.client.get(f"/api/worker/units/{unit['id']}/base").streaming_content)
+            assert tensors.sha256_hex(base) == unit["base_sha256"]
+            self.base_bytes_downloaded = getattr(self, "base_bytes_downloaded", 0) + len(base)
+            zoo.load_base(model, tensors.bytes_to_state_dict(base))
         xy = tensors.bytes_to_state_dict(shard)
         started = datetime.now(UTC)
         result = training.train_local(model, xy["X"], xy["y"], **unit["train"])

@@ -25,7 +25,8 @@ def error_of(response) -> dict:
 
 
 @pytest.mark.parametrize("name, data, code", [
-    ("notes.txt", b"just some words\nnot a table\n", "unknown_format"),
+    ("notes.txt", b"just some words\nnot a table\n", "too_few_rows"),  # text, but too little to learn from
+    ("photos.zip", b"PK\x03\x04 broken", "unknown_format"),
     ("model.npz", pickle.dumps({"X": [1, 2, 3]}), "pickle_rejected"),
     ("data.csv", b"a,b,label\n1,2,x\n3,oops,y\n", "bad_number"),
     ("empty.csv", b"", "empty_file"),

@@ -60,6 +60,9 @@ def test_iris_csv_parses_with_exact_profile():
         "feature_names": ["sepal_length", "sepal_width", "petal_length", "petal_width"],
         "target": "species", "classes": ["setosa", "versicolor", "virginica"], "num_classes": 3,
         "class_counts": {"setosa": 50, "versicolor": 50, "virginica": 50}, "task": "classification",
+        "kind": "table", "missing": {},
+        "columns": [{"name": n, "type": "numeric"} for n in ["sepal_length", "sepal_width", "petal_length",
+                                                             "petal_width"]],
     }
     json.dumps(parsed.profile)  # plain types only
 
@@ -224,10 +227,9 @@ def test_npz_holding_a_pickle_entry_is_rejected_when_parsed():
 
 @pytest.mark.parametrize("filename, head, words", [
     ("picture.png", b"\x89PNG\r\n\x1a\n\x00\x00", "CSV"),
-    ("notes.txt", b"Once upon a time\n", "plain-text datasets are not supported yet"),
+    ("notes.txt", b"Once upon\x00 a time\n", "not plain text"),
     ("fake.npz", b"a,b\n1,2\n", "not a NumPy .npz archive"),
     ("sheet.xlsx", None, "Excel"),
-    ("photos.zip", None, "not supported yet"),
 ])
 def test_unsupported_files_name_the_supported_formats(filename, head, words):
     if head is None:
@@ -254,21 +256,31 @@ def test_non_numeric_feature_names_row_column_and_value():
     error = error_of(parse_dataset, data, "csv")
 
     assert error.code == "bad_number"
-    assert error.message.startswith("row 17, column 'petal_width': 'abc' is not a number")
+    assert error.message.startswith("row 17, column 'petal_width': 'abc' is not a number, but most of")
     assert "categorical" in error.message
     assert error.detail == {"row": 17, "column": "petal_width", "value": "abc"}
 
 
-@pytest.mark.parametrize("cell, words", [("", "empty"), ("NA", "missing ('NA')")])
-def test_missing_value_names_row_and_column(cell, words):
+@pytest.mark.parametrize("cell", ["", "NA", "?"])
+def test_missing_numeric_value_is_filled_with_the_median_and_reported_with_its_row(cell):
     rows = two_class_rows()
     rows[4][1] = cell  # file row 6
 
+    parsed = parse_dataset(csv_bytes(["a", "b", "label"], rows), "csv")
+
+    median = float(np.median([r[1] for i, r in enumerate(two_class_rows()) if i != 4]))
+    assert parsed.X[4, 1] == median
+    assert parsed.profile["missing"] == {"b": {"count": 1, "rows": [6], "filled_with": median}}
+
+
+def test_a_mostly_empty_column_is_refused_with_its_first_empty_row():
+    rows = two_class_rows()
+    for i in range(1, 7):
+        rows[i][1] = ""
+
     error = error_of(parse_dataset, csv_bytes(["a", "b", "label"], rows), "csv")
 
-    assert error.code == "missing_value"
-    assert error.message.startswith(f"row 6, column 'b': the value is {words}")
-    assert error.detail == {"row": 6, "column": "b"}
+    assert error.code == "missing_value" and error.detail["row"] == 3 and "6 of 10 rows" in error.message
 
 
 def test_missing_label_names_row_and_target_column():
@@ -307,10 +319,20 @@ def test_unknown_target_lists_the_columns():
     assert "'species'" in error.message and "'a', 'b', 'label'" in error.message
 
 
-def test_continuous_target_is_refused_as_regression():
+def test_continuous_target_is_regression():
     rows = [[i, i * 0.37] for i in range(10)]
 
-    error = error_of(parse_dataset, csv_bytes(["a", "price"], rows), "csv")
+    parsed = parse_dataset(csv_bytes(["a", "price"], rows), "csv")
+
+    assert parsed.profile["task"] == "regression" and "classes" not in parsed.profile
+    assert parsed.y.dtype == np.float32 and parsed.y[3] == np.float32(1.11)
+    assert parsed.profile["target_stats"]["max"] == pytest.approx(3.33)
+
+
+def test_continuous_target_forced_to_classification_names_the_row():
+    rows = [[i, i * 0.37] for i in range(10)]
+
+    error = error_of(parse_dataset, csv_bytes(["a", "price"], rows), "csv", task="classification")
 
     assert error.code == "bad_target"
     assert error.message.startswith("row 3, column 'price': the label '0.37' is not a whole number")

@@ -106,12 +106,13 @@ class ApiClient:
         *,
         progress: DownloadProgress | None = None,
     ) -> bytes:
-        """GET a unit's weights or shard, through the content-addressed cache; the hash is always verified.
+        """GET a unit's weights, shard or (LoRA) base weights, through the content-addressed cache; the hash is
+        always verified.
 
         Raises HashMismatch (a ValueError) when the body does not hash to `expected_sha256`.
         """
-        if kind not in ("weights", "shard"):
-            raise ValueError(f"kind must be 'weights' or 'shard' (got {kind!r})")
+        if kind not in ("weights", "shard", "base"):
+            raise ValueError(f"kind must be 'weights', 'shard' or 'base' (got {kind!r})")
         cache = ContentCache(cache_dir)
         cached = cache.get(expected_sha256)
         if cached is not None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from muninn_worker import tasks
 from muninn_worker.zoo import build_model, get_template
 
-__all__ = ["flops_per_sample", "unit_flops", "peak_memory_bytes"]
+__all__ = ["flops_per_sample", "forward_flops_per_sample", "unit_flops", "peak_memory_bytes"]
 
 
 def flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
@@ -30,16 +31,35 @@ def flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
     inputs, targets = get_template(template).example_batch(model_config, batch_size)
     counter = FlopCounterMode(display=False)
     with counter, torch.enable_grad():  # the caller may be inside no_grad; backward must still run
-        loss = F.cross_entropy(model(inputs), targets)
+        loss = tasks.loss(model, model(inputs), targets)
         loss.backward()
     return math.ceil(counter.get_total_flops() / batch_size)
 
 
-def unit_flops(flops_per_sample: int, samples: int, epochs: int) -> int:
-    """FLOPs of a work unit: every sample of the shard, once per local epoch."""
-    if min(flops_per_sample, samples, epochs) < 0:
-        raise ValueError("flops_per_sample, samples and epochs must not be negative")
-    return int(flops_per_sample) * int(samples) * int(epochs)
+def forward_flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
+    """FLOPs of one forward pass per sample (no backward): what evaluating the shard costs."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = build_model(template, model_config)
+    inputs, _ = get_template(template).example_batch(model_config, batch_size)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(inputs)
+    return math.ceil(counter.get_total_flops() / batch_size)
+
+
+# The receipt reports the shard's loss before and after training: two forward passes over the shard.
+RECEIPT_PASSES = 2
+
+
+def unit_flops(flops_per_sample: int, samples: int, epochs: int, forward_flops_per_sample: int = 0) -> int:
+    """FLOPs of a work unit: every sample of the shard, once per local epoch, plus (when given the forward
+    FLOPs per sample) the receipt's two evaluation passes over the shard, which the device also computes."""
+    if min(flops_per_sample, samples, epochs, forward_flops_per_sample) < 0:
+        raise ValueError("flops_per_sample, samples, epochs and forward_flops_per_sample must not be negative")
+    return int(samples) * (int(flops_per_sample) * int(epochs) + RECEIPT_PASSES * int(forward_flops_per_sample))
 
 
 def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int:
@@ -48,10 +68,12 @@ def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int
         peak = e * (3 * P + B) + e * 2 * batch_size * A
 
     with e the bytes per element (4 for float32), P the number of trainable parameters (held three times:
-    weights, gradients, SGD momentum buffer), B the number of buffer elements (e.g. the normalisation), and A
-    the activation elements per sample: the input counted twice (raw and normalised) plus the output of every
-    leaf module. Activations are counted twice because backward holds a gradient of the same size next to
-    each saved activation. The model is built on the meta device, so this allocates nothing.
+    weights, gradients, SGD momentum buffer), B the number of buffer and frozen elements (the normalisation,
+    a LoRA model's frozen base weights), and A the activation elements per sample: the floating-point output
+    of every tensor operation of one forward pass that is not a view of another tensor (so a normalised
+    input, each layer's output, and a transformer's attention scores and probabilities all count).
+    Activations are counted twice because backward holds a gradient of the same size next to each saved
+    activation. The model is built on the meta device, so this allocates nothing.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
@@ -60,26 +82,35 @@ def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int
     inputs, _ = get_template(template).example_batch(model_config, 1)
     element = next(model.parameters()).element_size()
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    buffers = sum(b.numel() for b in model.buffers())
-    activations = 2 * inputs.numel() + _leaf_output_elements(model, inputs.to("meta"))
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    buffers = sum(b.numel() for b in model.buffers()) + frozen
+    activations = _activation_elements(model, inputs.to("meta"))
     return element * (3 * params + buffers) + element * 2 * batch_size * activations
 
 
-def _leaf_output_elements(model: nn.Module, inputs: torch.Tensor) -> int:
-    """Sum of the output sizes of all leaf modules for one forward pass of `inputs`."""
-    total = 0
+class _ActivationCounter(TorchDispatchMode):
+    """Adds up the elements of every floating-point tensor an operation creates (views and aliases excluded)."""
 
-    def count(_module: nn.Module, _args: object, output: object) -> None:
-        nonlocal total
-        if isinstance(output, torch.Tensor):
-            total += output.numel()
+    # _unsafe_view shares its input's storage although its schema does not say so.
+    _SHARING = {"_unsafe_view"}
 
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(count) for m in leaves]
-    try:
-        with torch.no_grad():
-            model(inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return total
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if func._opname in self._SHARING or any(r.alias_info is not None for r in schema.returns):
+            return out
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                self.total += tensor.numel()
+        return out
+
+
+def _activation_elements(model: nn.Module, inputs: torch.Tensor) -> int:
+    counter = _ActivationCounter()
+    with torch.no_grad(), counter:
+        model(inputs)
+    return counter.total

@@ -25,7 +25,7 @@ from muninn_worker.cache import ContentCache
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
 from muninn_worker.training import TrainResult, train_local
-from muninn_worker.zoo import build_model
+from muninn_worker.zoo import build_model, get_template, load_base
 
 __all__ = ["run", "RunStats", "DeviceRejected"]
 
@@ -118,7 +118,8 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
         log.info("claimed unit %s job %s round %s (%d samples)", spec.id, spec.job, spec.round, spec.samples)
         with _Heartbeat(client, spec.id, _lease_seconds(unit)) as heartbeat:
             weights, shard = _download_inputs(client, spec, cache)
-            result = _train(spec, weights, shard, heartbeat)
+            base = _download_base(client, spec, cache)
+            result = _train(spec, weights, shard, heartbeat, base)
             heartbeat.check()
             answer = _upload(client, spec, unit, result)
         _record(answer, spec.id, stats)
@@ -155,11 +156,24 @@ def _download_inputs(client: ApiClient, spec: _UnitSpec, cache: ContentCache) ->
     return weights, shard
 
 
-def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat) -> TrainResult:
+def _download_base(client: ApiClient, spec: _UnitSpec, cache: ContentCache) -> bytes | None:
+    """LoRA units: the job's frozen base weights, downloaded once and then served from the cache by hash."""
+    if spec.base_sha256 is None:
+        return None
+    if not cache.path_for(spec.base_sha256).exists():
+        log.info("unit %s: downloading the base weights…", spec.id)
+    return client.download(spec.id, "base", spec.base_sha256, cache.root, progress=_progress(spec.id, "base"))
+
+
+def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat,
+           base: bytes | None = None) -> TrainResult:
     model = build_model(spec.template, spec.model_config)
     incoming = bytes_to_state_dict(weights)
     _check_dtypes(model.state_dict(), incoming)
     model.load_state_dict(incoming, strict=True)  # strict: missing/extra keys and wrong shapes raise
+    if base is not None:
+        load_base(model, bytes_to_state_dict(base))
+    model.to(_train_device(spec.template))
     X, y = bytes_to_shard(shard)
     if X.shape[0] != spec.samples:
         raise ValueError(f"the shard has {X.shape[0]} samples but the unit says {spec.samples}")
@@ -170,7 +184,7 @@ def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat)
 
     spec.started_at = utc_now_iso()
     result = train_local(model, X, y, epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
-                         momentum=spec.momentum, seed=spec.seed, progress=progress)
+                         momentum=spec.momentum, seed=spec.seed, optimizer=spec.optimizer, progress=progress)
     spec.finished_at = utc_now_iso()
     log.info("unit %s: trained %d steps in %.2f s, loss %.4f → %.4f",
              spec.id, result.steps, result.train_seconds, result.loss_before, result.loss_after)
@@ -183,6 +197,14 @@ def _upload(client: ApiClient, spec: _UnitSpec, unit: dict, result: TrainResult)
                             started_at=spec.started_at, finished_at=spec.finished_at)
     log.info("unit %s: uploading %s…", spec.id, _mb(len(payload)))
     return client.submit_result(spec.id, payload, receipt)
+
+
+def _train_device(template: str) -> torch.device:
+    """GPU-tier templates train on the GPU when there is one; everything else on the CPU, where training is
+    bitwise reproducible (the site re-executes units on CPU and compares within a tolerance)."""
+    if get_template(template).tier == "gpu" and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
 
 
 def _check_dtypes(expected: dict[str, torch.Tensor], incoming: dict[str, torch.Tensor]) -> None:
@@ -220,6 +242,8 @@ class _UnitSpec:
     weights_sha256: str
     shard_sha256: str
     samples: int
+    optimizer: str = "sgd"
+    base_sha256: str | None = None
     started_at: str = ""
     finished_at: str = ""
 
@@ -235,7 +259,8 @@ class _UnitSpec:
                 epochs=_int(train["epochs"]), batch_size=_int(train["batch_size"]),
                 lr=float(train["lr"]), momentum=float(train["momentum"]), seed=_int(train["seed"]),
                 weights_sha256=str(unit["weights_sha256"]), shard_sha256=str(unit["shard_sha256"]),
-                samples=_int(unit["samples"]),
+                samples=_int(unit["samples"]), optimizer=str(train.get("optimizer") or "sgd"),
+                base_sha256=str(unit["base_sha256"]) if unit.get("base_sha256") else None,
             )
         except KeyError as exc:
             raise ValueError(f"malformed unit from the server: missing {exc.args[0]!r}") from None

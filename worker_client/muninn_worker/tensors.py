@@ -35,7 +35,7 @@ class NotSafetensors(ValueError):
 
 
 class BadShard(ValueError):
-    """A shard is safetensors but not the X (float32 2-d) / y (int64 1-d) pair the protocol describes."""
+    """A shard is safetensors but not an X / y pair the protocol describes (see `bytes_to_shard`)."""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -59,8 +59,17 @@ def bytes_to_state_dict(data: bytes) -> dict[str, Tensor]:
 
 
 def shard_to_bytes(X: Tensor, y: Tensor) -> bytes:
-    """A training shard as the protocol sends it: X float32 [samples, features], y int64 [samples]."""
-    return state_dict_to_bytes({"X": X.to(torch.float32), "y": y.to(torch.int64)})
+    """A training shard as the protocol sends it. Floating tensors go as float32, integer ones as int64:
+
+    - tables: X float32 [samples, features]; images: X float32 [samples, channels, height, width];
+      y int64 [samples] (class indices) or float32 [samples] (regression targets);
+    - text: X int64 [samples, context] token ids and y int64 [samples, context], the next token of each.
+    """
+    return state_dict_to_bytes({"X": _wire(X), "y": _wire(y)})
+
+
+def _wire(tensor: Tensor) -> Tensor:
+    return tensor.to(torch.float32 if tensor.is_floating_point() else torch.int64)
 
 
 def bytes_to_shard(data: bytes) -> tuple[Tensor, Tensor]:
@@ -68,10 +77,12 @@ def bytes_to_shard(data: bytes) -> tuple[Tensor, Tensor]:
     if set(tensors) != {"X", "y"}:
         raise BadShard(f"a shard holds exactly the tensors X and y (got {sorted(tensors)})")
     X, y = tensors["X"], tensors["y"]
-    if X.dtype != torch.float32 or X.ndim != 2 or y.dtype != torch.int64 or y.ndim != 1:
+    features = X.dtype == torch.float32 and X.ndim in (2, 4) and y.ndim == 1 and y.dtype in (torch.int64, torch.float32)
+    tokens = X.dtype == torch.int64 and X.ndim == 2 and y.dtype == torch.int64 and y.shape == X.shape
+    if not (features or tokens):
         raise BadShard(
-            f"a shard needs X float32 2-d and y int64 1-d (got X {X.dtype} {tuple(X.shape)}, "
-            f"y {y.dtype} {tuple(y.shape)})"
+            "a shard needs X float32 2-d or 4-d with y int64 or float32 1-d, or X and y int64 token ids of "
+            f"the same 2-d shape (got X {X.dtype} {tuple(X.shape)}, y {y.dtype} {tuple(y.shape)})"
         )
     if X.shape[0] != y.shape[0]:
         raise BadShard(f"X has {X.shape[0]} rows but y has {y.shape[0]} labels")
@@ -95,22 +106,33 @@ def _plain_tensors(sd: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def _check_header(data: bytes) -> None:
-    """Refuse obvious non-safetensors early, with a message that says what the bytes look like."""
+    """Refuse obvious non-safetensors early, with a message that says what the bytes look like.
+
+    The safetensors layout is tried first: a valid header length can itself start like a pickle (a
+    640-byte header is 0x80 0x02 ...), so the pickle and zip sniffing only names what failed."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise NotSafetensors(f"expected bytes, got {type(data).__name__}")
     head = bytes(data[:8])
+    problem = _header_problem(data)
+    if problem is None:
+        return
     if head.startswith(b"PK\x03\x04"):
         raise NotSafetensors("this is a zip archive (torch.save format), not safetensors; refusing to unpickle")
     if head[:1] == b"\x80" and head[1:2] in {bytes([p]) for p in range(2, 6)}:
         raise NotSafetensors("this is a Python pickle, not safetensors; refusing to unpickle")
+    raise NotSafetensors(problem)
+
+
+def _header_problem(data: bytes) -> str | None:
     if len(data) < 8:
-        raise NotSafetensors(f"not safetensors: only {len(data)} bytes")
-    (header_len,) = struct.unpack("<Q", head)
+        return f"not safetensors: only {len(data)} bytes"
+    (header_len,) = struct.unpack("<Q", bytes(data[:8]))
     if header_len == 0 or header_len > min(_MAX_HEADER_BYTES, len(data) - 8):
-        raise NotSafetensors("not safetensors: the header length does not fit the data")
+        return "not safetensors: the header length does not fit the data"
     try:
         header = json.loads(bytes(data[8 : 8 + header_len]))
     except (UnicodeDecodeError, ValueError):
-        raise NotSafetensors("not safetensors: the header is not JSON") from None
+        return "not safetensors: the header is not JSON"
     if not isinstance(header, dict):
-        raise NotSafetensors("not safetensors: the header is not a JSON object")
+        return "not safetensors: the header is not a JSON object"
+    return None

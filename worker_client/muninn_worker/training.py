@@ -1,4 +1,4 @@
-"""Local training of one work unit: plain SGD with momentum on cross-entropy.
+"""Local training of one work unit: SGD with momentum (or Adam, for transformers) on the task's loss.
 
 The site uses the same functions to re-execute units for verification, so everything that affects the
 result is derived from the `seed` the site hands out: torch's global seed and the shuffling generator.
@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from muninn_worker import tasks
 
 __all__ = ["TrainResult", "ProgressFn", "train_local", "evaluate", "predict"]
 
@@ -42,14 +43,16 @@ def train_local(
     epochs: int,
     batch_size: int,
     lr: float,
-    momentum: float,
+    momentum: float = 0.0,
     seed: int,
+    optimizer: str = "sgd",
     progress: ProgressFn | None = None,
 ) -> TrainResult:
     """Train `model` in place on (X, y) and return its new weights with the numbers a receipt needs.
 
     The last batch of an epoch may be smaller than `batch_size`, so steps = epochs * ceil(samples / batch).
-    `progress` may raise to abort training (the runner does when its lease is lost).
+    `progress` may raise to abort training (the runner does when its lease is lost). The task (and so the
+    loss) is the model's `task`: see `muninn_worker.tasks`. `optimizer` is "sgd" (with `momentum`) or "adam".
     """
     X, y = _prepare(model, X, y)
     if epochs < 1 or batch_size < 1:
@@ -61,12 +64,12 @@ def train_local(
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(seed)
         shuffler = torch.Generator().manual_seed(seed)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr, momentum)
         model.train()
         steps = 0
         started = time.perf_counter()
         for epoch in range(1, epochs + 1):
-            epoch_loss = _train_epoch(model, optimizer, X, y, batch_size, shuffler)
+            epoch_loss = _train_epoch(model, opt, X, y, batch_size, shuffler)
             steps += math.ceil(samples / batch_size)
             if progress is not None:
                 progress(epoch, epochs, epoch_loss)
@@ -96,53 +99,72 @@ def _train_epoch(
     for start in range(0, X.shape[0], batch_size):
         index = order[start : start + batch_size]
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(X[index]), y[index])
+        loss = tasks.loss(model, model(X[index]), y[index])
         loss.backward()
         optimizer.step()
         total += loss.item() * index.shape[0]
     return total / X.shape[0]
 
 
+def _optimizer(name: str, params: list, lr: float, momentum: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r} (known: sgd, adam)")
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, X: Tensor, y: Tensor) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of `model` on the whole of (X, y)."""
+    """The task's metrics of `model` on the whole of (X, y): always "loss" (the training loss), plus
+    "accuracy" (classification), "mse" and "rmse" (regression) or "perplexity" (language model)."""
     X, y = _prepare(model, X, y)
     was_training = model.training
     model.eval()
+    chunk = max(1, _EVAL_CHUNK // (X.shape[1] if X.ndim == 2 and not X.is_floating_point() else 1))
+    totals: dict[str, float] = {}
     try:
-        loss_sum = 0.0
-        correct = 0
-        for start in range(0, X.shape[0], _EVAL_CHUNK):
-            logits = model(X[start : start + _EVAL_CHUNK])
-            targets = y[start : start + _EVAL_CHUNK]
-            loss_sum += F.cross_entropy(logits, targets, reduction="sum").item()
-            correct += int((logits.argmax(dim=1) == targets).sum().item())
+        for start in range(0, X.shape[0], chunk):
+            stats = tasks.batch_stats(model, model(X[start : start + chunk]), y[start : start + chunk])
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value
     finally:
         model.train(was_training)
-    return {"loss": loss_sum / X.shape[0], "accuracy": correct / X.shape[0]}
+    return tasks.summarise(tasks.task_of(model), totals)
 
 
 @torch.no_grad()
 def predict(model: nn.Module, X: Tensor) -> Tensor:
-    """Predicted class index (int64, on CPU) for every row of X."""
-    X = X.to(_model_device(model), dtype=_model_dtype(model))
+    """Predicted class index (int64) for classification, the value (float32) for regression, the next-token id
+    at every position for a language model; on CPU."""
+    X = _inputs(model, X)
     was_training = model.training
     model.eval()
+    regression = tasks.task_of(model) == "regression"
     try:
-        chunks = [model(X[i : i + _EVAL_CHUNK]).argmax(dim=1) for i in range(0, X.shape[0], _EVAL_CHUNK)]
+        chunks = [model(X[i : i + _EVAL_CHUNK]) for i in range(0, X.shape[0], _EVAL_CHUNK)]
+        chunks = [c if regression else c.argmax(dim=-1) for c in chunks]
     finally:
         model.train(was_training)
     return torch.cat(chunks).cpu() if chunks else torch.empty(0, dtype=torch.long)
 
 
 def _prepare(model: nn.Module, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    if X.ndim < 2 or y.ndim != 1 or X.shape[0] != y.shape[0] or X.shape[0] == 0:
+    task = tasks.task_of(model)
+    y_ndim = 2 if task == "language_model" else 1
+    if X.ndim < 2 or y.ndim != y_ndim or X.shape[0] != y.shape[0] or X.shape[0] == 0:
         raise ValueError(
-            f"need X with one row per sample and a 1-d y of the same length (got X {tuple(X.shape)}, "
+            f"need X with one row per sample and a {y_ndim}-d y of the same length (got X {tuple(X.shape)}, "
             f"y {tuple(y.shape)})"
         )
-    device = _model_device(model)
-    return X.to(device, dtype=_model_dtype(model)), y.to(device, dtype=torch.long)
+    return _inputs(model, X), y.to(_model_device(model), dtype=tasks.target_dtype(task))
+
+
+def _inputs(model: nn.Module, X: Tensor) -> Tensor:
+    """Token ids stay integers; everything else takes the model's float dtype."""
+    if tasks.task_of(model) == "language_model":
+        return X.to(_model_device(model), dtype=torch.long)
+    return X.to(_model_device(model), dtype=_model_dtype(model))
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -51,15 +51,18 @@ class FakeUnit:
     samples: int
     train: dict
     lease_seconds: float = 60.0
+    template: str = "mlp"
+    model_config: dict = field(default_factory=lambda: dict(MODEL_CONFIG))
+    base: bytes | None = None  # LoRA units: the frozen base weights served at /base
 
     def claim_body(self) -> dict:
         expires = datetime.now(timezone.utc) + timedelta(seconds=self.lease_seconds)
         return {"unit": {
             "id": self.id, "job": 3, "round": 2,
             "lease_expires_at": expires.isoformat().replace("+00:00", "Z"),
-            "template": "mlp", "model_config": MODEL_CONFIG, "train": self.train,
+            "template": self.template, "model_config": self.model_config, "train": self.train,
             "weights_sha256": sha256_hex(self.weights), "shard_sha256": sha256_hex(self.shard),
-            "samples": self.samples,
+            "samples": self.samples, "base_sha256": sha256_hex(self.base) if self.base else None,
         }}
 
 
@@ -122,7 +125,7 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
                 unit = site.units.get(int(parts[3]))
                 if unit is None:
                     return self._error(404, "not_found", "No such unit.")
-                if parts[4] in ("weights", "shard") and method == "GET":
+                if parts[4] in ("weights", "shard", "base") and method == "GET":
                     return self._download(unit, parts[4])
                 if parts[4] == "heartbeat" and method == "POST":
                     return self._heartbeat(unit)
@@ -149,7 +152,9 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
 
         def _download(self, unit: FakeUnit, kind: str) -> None:
             time.sleep(site.download_delay)
-            data = unit.weights if kind == "weights" else unit.shard
+            data = {"weights": unit.weights, "shard": unit.shard, "base": unit.base}[kind]
+            if data is None:
+                return self._error(404, "not_found", "This unit has no base weights.")
             if site.corrupt_downloads:
                 data = data[:-1] + bytes([data[-1] ^ 1])
             self._send(200, data, "application/octet-stream")

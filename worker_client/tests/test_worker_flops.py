@@ -50,3 +50,18 @@ def test_flops_are_counted_even_inside_no_grad():
         inside = flops_per_sample("mlp", CONFIG, 32)
 
     assert inside == flops_per_sample("mlp", CONFIG, 32)
+
+
+def test_unit_flops_adds_the_receipts_two_evaluation_passes():
+    assert unit_flops(10, 5, 2, forward_flops_per_sample=3) == 5 * (10 * 2 + 2 * 3)
+
+
+def test_transformer_memory_counts_the_attention_scores_which_grow_with_the_square_of_the_context():
+    def activations(context: int) -> int:  # per sample: the batch-dependent part of the estimate
+        config = {"vocab_size": 50, "context": context, "d_model": 32, "layers": 1, "heads": 4}
+        return (peak_memory_bytes("transformer", config, 2) - peak_memory_bytes("transformer", config, 1)) // 8
+
+    short, long = activations(64), activations(256)
+
+    assert long > 4 * short  # linear terms alone would give exactly 4x
+    assert long - 4 * short >= 4 * (4 * 256 * 256 - 4 * 4 * 64 * 64) // 2  # scores and probabilities, 4 heads

@@ -172,3 +172,28 @@ def test_weights_that_do_not_fit_the_model_fail_the_unit_not_the_loop(fake_site,
 
     assert (stats.units, stats.accepted, stats.failed) == (2, 1, 1)
     assert "unit 1 failed" in caplog.text and "size mismatch" in caplog.text
+
+
+def test_runner_trains_a_lora_unit_on_base_weights_it_downloads_once(fake_site, tmp_path):
+    from conftest import FakeUnit
+
+    from muninn_worker.tensors import shard_to_bytes
+    lm = {"vocab_size": 11, "context": 8, "d_model": 16, "layers": 1, "heads": 2}
+    config = {**lm, "rank": 2, "alpha": 4.0}
+    base = state_dict_to_bytes(init_state("transformer", lm, 1))
+    ids = torch.randint(0, 11, (40, 9), generator=torch.Generator().manual_seed(0))
+    train = {"epochs": 1, "batch_size": 8, "lr": 0.01, "momentum": 0.0, "seed": 5, "optimizer": "adam"}
+    for unit_id in (1, 2):
+        unit = FakeUnit(id=unit_id, weights=state_dict_to_bytes(init_state("lora", config, 0)),
+                        shard=shard_to_bytes(ids[:, :-1], ids[:, 1:]), samples=40, train=train, template="lora",
+                        model_config=config, base=base)
+        fake_site.queue.append(unit)
+        fake_site.units[unit_id] = unit
+
+    stats = _run(fake_site, tmp_path)
+
+    assert stats.accepted == 2 and fake_site.gets("/base") == 1  # the second unit found it in the cache
+    sent = bytes_to_state_dict(fake_site.results[0]["weights"])
+    assert set(sent) == set(bytes_to_state_dict(unit.weights))  # adapters only travel back
+    assert all(k.endswith((".lora_a", ".lora_b")) for k in sent)
+    assert fake_site.results[0]["receipt"]["loss_after"] < fake_site.results[0]["receipt"]["loss_before"]

@@ -89,3 +89,13 @@ def test_shard_roundtrip_and_validation():
 
 def test_sha256_hex_matches_hashlib():
     assert sha256_hex(b"muninn") == hashlib.sha256(b"muninn").hexdigest()
+
+
+def test_a_header_whose_length_starts_like_a_pickle_is_still_safetensors():
+    # A 640-byte header is stored as 0x80 0x02 ..., the first two bytes of a protocol-2 pickle.
+    sd = {"w": torch.zeros(2)}
+    sized = (state_dict_to_bytes(sd, metadata={"pad": "x" * n}) for n in range(700))
+    data = next(d for d in sized if int.from_bytes(d[:8], "little") == 640)
+
+    assert data[:2] == b"\x80\x02"
+    assert torch.equal(bytes_to_state_dict(data)["w"], sd["w"])

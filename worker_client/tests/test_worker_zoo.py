@@ -41,8 +41,8 @@ def test_mlp_normalises_its_input():
 
 
 def test_unknown_template_is_a_value_error():
-    with pytest.raises(UnknownTemplate, match="'transformer'"):
-        build_model("transformer", CONFIG)
+    with pytest.raises(UnknownTemplate, match="'yolo'"):
+        build_model("yolo", CONFIG)
     assert issubclass(UnknownTemplate, ValueError)
 
 

@@ -1,0 +1,207 @@
+"""Image templates: a small CNN for any device and the ResNet-18 layout for the GPU tier.
+
+Both take float32 images [batch, channels, height, width] and standardise each channel with buffers the
+site fills from the training split (like the MLP's), so the downloaded model takes raw pixels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .base import HParam, IncompatibleData, InvalidModelConfig, Template, config_int, config_keys, train_hparams
+
+MAX_SIDE = 512
+MAX_CLASSES = 100_000
+
+
+class _ChannelNorm(nn.Module):
+    """(x - mean[c]) / std[c] with per-channel buffers."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(channels))
+        self.register_buffer("std", torch.ones(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
+
+
+class SmallCNN(nn.Module):
+    """[conv 3x3 → ReLU → max-pool 2] per filter width, an adaptive average pool to at most 4x4, a Linear head."""
+
+    task = "classification"
+
+    def __init__(self, channels: int, height: int, width: int, num_classes: int, filters: list[int]) -> None:
+        super().__init__()
+        self.norm = _ChannelNorm(channels)
+        layers: list[nn.Module] = []
+        c, h, w = channels, height, width
+        for f in filters:
+            layers += [nn.Conv2d(c, f, 3, padding=1), nn.ReLU()]
+            if min(h, w) >= 2:
+                layers.append(nn.MaxPool2d(2))
+                h, w = h // 2, w // 2
+            c = f
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d((min(h, 4), min(w, 4)))
+        self.head = nn.Linear(c * min(h, 4) * min(w, 4), num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.pool(self.features(self.norm(x))).flatten(1))
+
+
+def _groups(channels: int) -> int:
+    # GroupNorm instead of BatchNorm: FedAvg over batch statistics of different shards is not a statistic of
+    # anything (Hsieh et al. 2020); group norm has no running buffers and the same parameters.
+    return math.gcd(32, channels)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = nn.GroupNorm(_groups(c_out), c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.norm2 = nn.GroupNorm(_groups(c_out), c_out)
+        self.relu = nn.ReLU()
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
+                                          nn.GroupNorm(_groups(c_out), c_out))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.relu(self.norm1(self.conv1(x)))
+        return self.relu(self.norm2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """The ResNet-18 layout (He et al. 2016): a stem, four stages of two basic blocks with widths w, 2w, 4w,
+    8w (w = 64 is the original), global average pooling and a Linear head. Images under 64 px get the
+    CIFAR stem (3x3, stride 1, no max-pool), larger ones the ImageNet stem (7x7 stride 2, max-pool)."""
+
+    task = "classification"
+
+    def __init__(self, channels: int, height: int, width: int, num_classes: int, base_width: int) -> None:
+        super().__init__()
+        self.norm = _ChannelNorm(channels)
+        w = base_width
+        if min(height, width) >= 64:
+            self.stem = nn.Sequential(nn.Conv2d(channels, w, 7, stride=2, padding=3, bias=False),
+                                      nn.GroupNorm(_groups(w), w), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
+        else:
+            self.stem = nn.Sequential(nn.Conv2d(channels, w, 3, padding=1, bias=False), nn.GroupNorm(_groups(w), w),
+                                      nn.ReLU())
+        stages, c_in = [], w
+        for i, c_out in enumerate((w, 2 * w, 4 * w, 8 * w)):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(c_in, c_out, stride), BasicBlock(c_out, c_out, 1)))
+            c_in = c_out
+        self.stages = nn.Sequential(*stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(8 * w, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.pool(self.stages(self.stem(self.norm(x)))).flatten(1))
+
+
+# ------------------------------------------------------------------------------------------ templates
+
+
+@dataclass(frozen=True)
+class _ImageTemplate(Template):
+    _extra_key = ""
+
+    def _shape(self, model_config: dict) -> tuple[int, int, int, int]:
+        config_keys(self.name, model_config, {"channels", "height", "width", "num_classes", self._extra_key})
+        return (config_int(model_config["channels"], "channels", 1, 4),
+                config_int(model_config["height"], "height", 1, MAX_SIDE),
+                config_int(model_config["width"], "width", 1, MAX_SIDE),
+                config_int(model_config["num_classes"], "num_classes", 2, MAX_CLASSES))
+
+    def example_batch(self, model_config: dict, batch_size: int, *, seed: int = 0) -> tuple[Tensor, Tensor]:
+        c, h, w, k = self._shape(model_config)
+        generator = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch_size, c, h, w, generator=generator),
+                torch.randint(0, k, (batch_size,), generator=generator))
+
+    def model_config(self, profile: dict, hparams: dict) -> dict:
+        if profile.get("kind") != "image" or "image_shape" not in profile:
+            raise IncompatibleData(f"The {self.name} template trains on images (a zip of class folders, or an "
+                                   ".npz whose X is a stack of images); this dataset is not one.")
+        if profile.get("task", "classification") != "classification":
+            raise IncompatibleData(f"The {self.name} template classifies images; the target must be classes.")
+        c, h, w = profile["image_shape"]
+        if profile.get("resizable"):  # a zip of images is decoded at the template's size
+            h = w = hparams["image_size"]
+        return {"channels": c, "height": h, "width": w, "num_classes": profile["num_classes"]}
+
+    def fit_state(self, state: dict[str, Tensor], X: Tensor, y: Tensor) -> dict[str, Tensor]:
+        X = X.to(torch.float32)
+        std = X.transpose(0, 1).reshape(X.shape[1], -1).std(dim=1)
+        state["norm.mean"] = X.mean(dim=(0, 2, 3))
+        state["norm.std"] = torch.where(std > 1e-6, std, torch.ones_like(std))
+        return state
+
+
+@dataclass(frozen=True)
+class CNNTemplate(_ImageTemplate):
+    _extra_key = "filters"
+
+    def build(self, model_config: dict) -> nn.Module:
+        c, h, w, k = self._shape(model_config)
+        filters = model_config["filters"]
+        if not isinstance(filters, (list, tuple)) or not 1 <= len(filters) <= 4:
+            raise InvalidModelConfig("filters must be a list of 1 to 4 channel counts")
+        return SmallCNN(c, h, w, k, [config_int(f, f"filters[{i}]", 1, 512) for i, f in enumerate(filters)])
+
+    def model_config(self, profile: dict, hparams: dict) -> dict:
+        return {**super().model_config(profile, hparams), "filters": hparams["filters"]}
+
+
+@dataclass(frozen=True)
+class ResNetTemplate(_ImageTemplate):
+    _extra_key = "base_width"
+
+    def build(self, model_config: dict) -> nn.Module:
+        c, h, w, k = self._shape(model_config)
+        return ResNet18(c, h, w, k, config_int(model_config["base_width"], "base_width", 8, 128))
+
+    def model_config(self, profile: dict, hparams: dict) -> dict:
+        return {**super().model_config(profile, hparams), "base_width": hparams["base_width"]}
+
+
+_IMAGE_SIZE_HELP = "Side in pixels that the images of a zip are resized to (an .npz keeps its own shape)."
+
+CNN = CNNTemplate(
+    name="cnn",
+    title="Small convolutional network",
+    description="Up to four 3x3 convolution + max-pool blocks and a linear classifier: for small images "
+                "(digits, icons, thumbnails). Trains on CPUs.",
+    tasks=("classification",),
+    data=("image",),
+    hparams=(
+        HParam("filters", "int_list", (16, 32), 1, 512, "Channels of each convolution block (1 to 4 blocks).",
+               max_items=4),
+        HParam("image_size", "int", 32, 4, 256, _IMAGE_SIZE_HELP),
+        *train_hparams(2, 32, 0.05),
+    ),
+)
+
+RESNET18 = ResNetTemplate(
+    name="resnet18",
+    title="ResNet-18",
+    description="The ResNet-18 layout (four stages of two residual blocks, group-normalised for federated "
+                "averaging) for larger images. GPU tier.",
+    tasks=("classification",),
+    data=("image",),
+    tier="gpu",
+    hparams=(
+        HParam("base_width", "int", 64, 8, 128, "Channels of the first stage (64 is the original ResNet-18)."),
+        HParam("image_size", "int", 64, 16, 256, _IMAGE_SIZE_HELP),
+        *train_hparams(1, 64, 0.05),
+    ),
+)
