@@ -123,15 +123,19 @@ def check_shard_loss(before: float, after: float) -> None:
                                                   f"worse than the global weights' {before:.4g}.")
 
 
-def check_timing(*, train_seconds: float, held_seconds: float, work_samples: int, device_speed: float) -> None:
-    """The training time claimed must fit inside the lease the site saw, and not be wildly faster than the
-    device has ever been."""
+def check_timing(*, train_seconds: float, held_seconds: float) -> None:
+    """The training time claimed must fit inside the lease the site saw (the device measures the duration on
+    its own monotonic clock after claiming, so an honest one always fits)."""
     if train_seconds > held_seconds + CLOCK_SLACK_S:
         raise ResultRejected("implausible_time", f"The receipt claims {train_seconds:.1f} s of training, but the "
                                                  f"unit was leased only {held_seconds:.1f} s ago.")
-    if device_speed > 0 and train_seconds > 0 and work_samples / train_seconds > SPEED_FACTOR * device_speed:
-        raise ResultRejected("implausible_speed", f"{work_samples / train_seconds:.0f} samples/s is far beyond this "
-                                                  f"device's measured {device_speed:.0f} samples/s.")
+
+
+def implausibly_fast(*, train_seconds: float, work_samples: int, device_speed: float) -> bool:
+    """Far faster than the device has been. Not a refusal on its own: a shared machine's speed swings by two
+    orders of magnitude with its load, so such a result is re-executed instead (and pay never depends on
+    time: HU count FLOPs)."""
+    return device_speed > 0 and train_seconds > 0 and work_samples / train_seconds > SPEED_FACTOR * device_speed
 
 
 def reexecution_distance(submitted: Mapping[str, torch.Tensor], recomputed: Mapping[str, torch.Tensor],

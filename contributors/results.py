@@ -64,7 +64,8 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
 
     storage.blob_put(weights)
     draw = reputation.draw(settings.SECRET_KEY, unit.pk, str(lease.token))
-    verify = reputation.should_reexecute(device.verified_streak, draw)
+    suspicious = "same_bytes_as_receipt" in evidence or "implausibly_fast" in evidence
+    verify = suspicious or reputation.should_reexecute(device.verified_streak, draw)
     evidence["reexecute"] = {"rate": reputation.reexecution_rate(device.verified_streak), "chosen": verify}
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
                "train_seconds": receipt["train_seconds"], "update_norm": evidence["update_norm"]}
@@ -110,8 +111,13 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples), output_sha256=output_sha)
-    if Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED).exists():
+    live = Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
+    if live.filter(device=device).exists():
         raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
+    # The same bytes from another device: one of the two claims is false, and hashes cannot say which
+    # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
+    # Re-execution decides; the newcomer is never refused on the other device's word.
+    collision = live.values_list("id", flat=True).first()
     try:
         state = tensors.bytes_to_state_dict(weights)
     except ValueError as e:
@@ -123,15 +129,21 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
         round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED).only("result_metrics")])
     checks.check_update_norm(norm, bound)
     held = (timezone.now() - lease.created_at).total_seconds()
+    checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held)
     # The probe's benchmark can be far off (a busy machine measures slow); only speeds learned from this
     # device's verified units count as its record.
     record = device.samples_per_s if device.verified_total >= SPEED_RECORD_UNITS else 0.0
-    checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held, device_speed=record,
-                        work_samples=receipt["samples"] * unit.round.job.hparams["epochs"])
+    fast = checks.implausibly_fast(train_seconds=receipt["train_seconds"], device_speed=record,
+                                   work_samples=receipt["samples"] * unit.round.job.hparams["epochs"])
     before, after = _shard_losses(unit, reference, state)
     checks.check_shard_loss(before, after)
-    return {"update_norm": norm, "norm_bound": bound, "shard_loss_before": before, "shard_loss_after": after,
-            "held_seconds": round(held, 3)}
+    evidence = {"update_norm": norm, "norm_bound": bound, "shard_loss_before": before, "shard_loss_after": after,
+                "held_seconds": round(held, 3)}
+    if collision is not None:
+        evidence["same_bytes_as_receipt"] = collision
+    if fast:
+        evidence["implausibly_fast"] = True
+    return evidence
 
 
 def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, float]:

@@ -38,7 +38,8 @@ def stack(tmp_path):
         pytest.fail("the end-to-end test needs PostgreSQL and Redis: run it through `make test`")
     celery_app.conf.task_always_eager = False
     with celery_app.connection_for_write() as conn:  # drop messages a previous run may have left behind
-        conn.default_channel.queue_purge("celery")
+        for queue in ("celery", "validation"):
+            conn.default_channel.queue_purge(queue)
     env = base_env(DATABASE_URL=database_url(), CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
                    MEDIA_ROOT=str(settings.MEDIA_ROOT), MUNINN_VAR_DIR=str(tmp_path / "var"), DEBUG="1",
                    MUNINN_LEASE_SECONDS="30", LOG_LEVEL="INFO")

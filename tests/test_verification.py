@@ -116,6 +116,55 @@ def test_a_replayed_result_is_refused(customer_api, digits_dataset, make_device)
     assert response.status_code == 400 and response.json()["error"]["code"] == "replayed_result"
 
 
+def test_another_devices_copy_of_an_honest_result_does_not_get_the_honest_device_refused(
+        customer_api, digits_dataset, make_device):
+    honest, copier = make_device("honest"), make_device("copier")
+    Device.objects.filter(pk=honest.device.pk).update(verified_streak=10_000)  # trusted: rarely re-executed
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit_h = honest.claim()
+    unit_c = copier.claim()
+    honest_bytes, honest_receipt = honest.train(unit_h)
+    _, copier_receipt = copier.train(unit_c)
+    # the copier submits the honest device's result for its own unit first...
+    copied = copier.submit(unit_c["id"], honest_bytes, {**copier_receipt, "output_sha256": honest_receipt["output_sha256"]})
+
+    original = honest.submit(unit_h["id"], honest_bytes, honest_receipt)  # ...then the honest device its own
+
+    assert copied.status_code == 201  # the copy passes the cheap checks, is re-executed, and fails
+    assert Receipt.objects.get(unit_id=unit_c["id"]).reason.startswith("reexecution_mismatch")
+    assert original.status_code == 201
+    receipt = Receipt.objects.get(unit_id=unit_h["id"])
+    assert receipt.status == Receipt.Status.ACCEPTED
+    assert Device.objects.get(pk=honest.device.pk).failures == 0
+
+
+def test_a_result_colliding_with_another_devices_live_result_is_reexecuted_not_refused(
+        customer_api, digits_dataset, make_device, settings):
+    from muninn.celery import app as celery_app
+
+    honest, copier = make_device("honest"), make_device("copier")
+    Device.objects.filter(pk=honest.device.pk).update(verified_streak=10_000)
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit_h, unit_c = honest.claim(), copier.claim()
+    honest_bytes, honest_receipt = honest.train(unit_h)
+    _, copier_receipt = copier.train(unit_c)
+    celery_app.conf.task_always_eager = False  # the copy's re-execution has not run yet when the original arrives
+    try:
+        copier.submit(unit_c["id"], honest_bytes, {**copier_receipt, "output_sha256": honest_receipt["output_sha256"]})
+    finally:
+        celery_app.conf.task_always_eager = True
+    from contributors import verification
+
+    original = honest.submit(unit_h["id"], honest_bytes, honest_receipt)
+    verification.unit_verify(unit_id=unit_c["id"])  # the validator gets to the copy
+
+    assert original.status_code == 201
+    receipt = Receipt.objects.get(unit_id=unit_h["id"])
+    assert receipt.verification["same_bytes_as_receipt"] and receipt.verification["reexecute"]["chosen"]
+    assert receipt.status == Receipt.Status.ACCEPTED and Device.objects.get(pk=honest.device.pk).failures == 0
+    assert Receipt.objects.get(unit_id=unit_c["id"]).status == Receipt.Status.REJECTED
+
+
 def test_implausible_training_time_is_refused(customer_api, digits_dataset, make_device):
     device = make_device()
     create_job(customer_api, digits_dataset["id"], rounds=1)
@@ -125,6 +174,20 @@ def test_implausible_training_time_is_refused(customer_api, digits_dataset, make
     response = device.submit(unit["id"], weights, {**receipt, "train_seconds": 3600.0})
 
     assert response.status_code == 400 and response.json()["error"]["code"] == "implausible_time"
+
+
+def test_an_implausibly_fast_result_is_reexecuted_not_refused(customer_api, digits_dataset, make_device):
+    device = make_device()
+    Device.objects.filter(pk=device.device.pk).update(verified_streak=10_000, verified_total=100, samples_per_s=1.0)
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()
+
+    response = device.submit(unit["id"], *device.train(unit))  # thousands of samples/s against a record of 1
+
+    assert response.status_code == 201
+    receipt = Receipt.objects.get(unit_id=unit["id"])
+    assert receipt.verification["implausibly_fast"] and receipt.verification["reexecute"]["chosen"]
+    assert receipt.status == Receipt.Status.ACCEPTED  # honest, so the re-execution agrees
 
 
 def test_repeated_failures_quarantine_the_device_and_forfeit_its_pending_earnings(
