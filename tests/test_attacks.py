@@ -5,7 +5,6 @@ result is ever rejected."""
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 from django.utils import timezone
@@ -20,7 +19,7 @@ from scripts.stack import free_port
 
 from .attacks.cheater import STRATEGIES
 from .conftest import digits_npz
-from .test_e2e import customer_session, market, stack, wait_until_ended  # noqa: F401  (fixtures)
+from .test_e2e import customer_session, market, stack, wait_until_ended, wait_until_polling  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -67,10 +66,7 @@ def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, ma
         stack.spawn(f"cheat-{strategy}", [sys.executable, "-m", "tests.attacks.cheater", "--config", str(config),
                                           "--cache-dir", str(stack.log_dir / f"cache-{strategy}"),
                                           "--strategy", strategy])
-    deadline = time.monotonic() + 90  # every device polling before the job starts: each gets a shard
-    while Device.objects.filter(last_seen_at__gte=started).count() < 2 + len(STRATEGIES):
-        assert time.monotonic() < deadline, "not every worker process started polling"
-        time.sleep(0.2)
+    wait_until_polling([*honest, *(f"cheat-{s}" for s in STRATEGIES)], started)  # each device gets a shard
     job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 3, "seed": 2,
                                             "start": True}).json()
     job = wait_until_ended(api, url, job)

@@ -9,6 +9,7 @@ import pytest
 import requests
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from accounts import services as accounts
 from accounts.models import User
@@ -16,7 +17,7 @@ from billing import money
 from billing import selectors as ledger
 from billing import services as billing
 from billing.models import Transaction
-from contributors.models import Lease, Receipt
+from contributors.models import Device, Lease, Receipt
 from jobs.models import Job, WorkUnit
 from muninn.celery import app as celery_app
 from scripts.stack import Stack, base_env, free_port
@@ -63,6 +64,14 @@ def customer_session(customer: User) -> requests.Session:
     return api
 
 
+def wait_until_polling(names, since, timeout: float = 90) -> None:
+    """Until every named device has asked for work: then a round's shards are claimed by their own devices."""
+    deadline = time.monotonic() + timeout
+    while Device.objects.filter(name__in=names, last_seen_at__gte=since).count() < len(names):
+        assert time.monotonic() < deadline, "not every worker process started polling"
+        time.sleep(0.2)
+
+
 def wait_until_ended(api: requests.Session, url: str, job: dict) -> dict:
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while job["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
@@ -75,9 +84,12 @@ def test_job_runs_end_to_end_over_http_with_real_processes(stack, market):
     customer, contributor = market
     url = stack.web(free_port())
     stack.celery_worker()
-    for name in ("device-1", "device-2"):
-        config = stack.register_device(url, accounts.token_for(user=contributor), name)
+    configs = {name: stack.register_device(url, accounts.token_for(user=contributor), name)
+               for name in ("device-1", "device-2")}
+    started = timezone.now()
+    for name, config in configs.items():
         stack.worker_client(name, config, "--threads", "1", "--poll-interval", "0.2")
+    wait_until_polling(list(configs), started)
     api = customer_session(customer)
 
     dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
