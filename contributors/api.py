@@ -15,7 +15,6 @@ from jobs import services as job_services
 from jobs import storage
 from jobs.hu import hu_str
 from muninn.errors import InvalidInput, NotFound, TooLarge
-from muninn_worker import zoo
 
 from . import results, selectors, services
 from .checks import load_public_key
@@ -68,7 +67,6 @@ class DeviceView(APIView):
 
 def unit_payload(claim: services.Claim) -> dict:
     unit, job = claim.unit, claim.unit.round.job
-    hp = job.hparams
     return {
         "id": unit.pk, "job": job.pk, "round": unit.round.number,
         "lease_expires_at": unit.lease_expires_at.isoformat().replace("+00:00", "Z"),

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from billing import money, payouts, services
+from billing import money, payouts
 from billing import selectors as ledger
 from billing.models import Payout, StripeEvent, Transaction
 from jobs import services as jobs

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from muninn_worker import tensors
 
 from billing import selectors as ledger
@@ -139,7 +138,7 @@ def test_another_devices_copy_of_an_honest_result_does_not_get_the_honest_device
 
 
 def test_a_result_colliding_with_another_devices_live_result_is_reexecuted_not_refused(
-        customer_api, digits_dataset, make_device, settings):
+        customer_api, digits_dataset, make_device):
     from muninn.celery import app as celery_app
 
     honest, copier = make_device("honest"), make_device("copier")
