@@ -88,7 +88,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         else:
             credit(unit=unit, receipt=stored)
         if round_complete:
-            _aggregate_on_commit(unit.round_id)
+            aggregate_on_commit(unit.round_id)
     return stored
 
 
@@ -99,7 +99,7 @@ def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
                                    work_samples=receipt.samples * unit.round.job.hparams["epochs"])
 
 
-def _aggregate_on_commit(round_id: int) -> None:
+def aggregate_on_commit(round_id: int) -> None:
     from jobs.tasks import aggregate_round
 
     transaction.on_commit(lambda: aggregate_round.delay(round_id))

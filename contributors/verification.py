@@ -58,7 +58,7 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
         unit, round_complete = jobs.unit_verified(unit_id=unit.pk)
         results.credit(unit=unit, receipt=receipt)
         if round_complete:
-            results._aggregate_on_commit(unit.round_id)
+            results.aggregate_on_commit(unit.round_id)
     return receipt
 
 
