@@ -37,12 +37,12 @@ def device_tier(peak_memory_bytes: int) -> DeviceTier:
                            f"{TIERS[-1].memory_bytes // GIB} GiB")
 
 
-def expected_wall_seconds(*, samples_per_round: int, epochs: int, rounds: int, device_speeds: Sequence[float],
+def expected_wall_seconds(*, flops_per_round: int, rounds: int, device_flops_per_s: Sequence[float],
                           round_overhead_seconds: float) -> float | None:
-    """Rounds × (the round's samples × epochs over the devices' combined measured throughput, in samples/s, since
-    shards are sized ∝ throughput so devices finish together) + a fixed per-round overhead (download, upload,
-    aggregation). None when no capable device is online now: the job would wait for one."""
-    total_speed = sum(s for s in device_speeds if s > 0)
+    """Rounds × (the round's FLOPs over the devices' combined measured FLOP/s, since shards are sized ∝
+    throughput so devices finish together) + a fixed per-round overhead (download, upload, aggregation).
+    None when no capable device is online now: the job would wait for one."""
+    total_speed = sum(s for s in device_flops_per_s if s > 0)
     if total_speed <= 0:
         return None
-    return rounds * (samples_per_round * epochs / total_speed + round_overhead_seconds)
+    return rounds * (flops_per_round / total_speed + round_overhead_seconds)

@@ -21,9 +21,9 @@ from .models import Account, Entry, Quote, Transaction
 
 log = logging.getLogger(__name__)
 Kind = Account.Kind
-# (min_memory_bytes=...) -> [(device id, measured samples/s)] of the capable devices online now. Passed in by the
-# caller (contributors/ knows devices; billing/ sits below it).
-OnlineCapacity = Callable[[int], Sequence[tuple[int, float]]]
+# (min_memory_bytes=..., backends=...) -> [(device id, measured FLOP/s)] of the capable devices online now. Passed
+# in by the caller (contributors/ knows devices; billing/ sits below it).
+OnlineCapacity = Callable[..., Sequence[tuple[int, float]]]
 
 
 class InsufficientBalance(MuninnError):
@@ -92,8 +92,8 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         tier = pricing.device_tier(est.peak_memory_bytes)
     except pricing.TooBigForAnyTier as e:
         raise InvalidInput(f"This model is too big for any device: {e}.", code="too_big") from e
-    devices = list(online_capacity(min_memory_bytes=est.peak_memory_bytes)) if online_capacity else []
-    samples_per_round = est.flops_per_round // max(est.flops_per_sample * plan.hparams["epochs"], 1)
+    devices = (list(online_capacity(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends))
+               if online_capacity else [])
     now = now or timezone.now()
     rate = settings.MUNINN_PRICE_PER_HU
     return Quote.objects.create(
@@ -102,8 +102,7 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
         expected_seconds=pricing.expected_wall_seconds(
-            samples_per_round=samples_per_round, epochs=plan.hparams["epochs"], rounds=rounds,
-            device_speeds=[speed for _, speed in devices],
+            flops_per_round=est.flops_per_round, rounds=rounds, device_flops_per_s=[speed for _, speed in devices],
             round_overhead_seconds=settings.MUNINN_ROUND_OVERHEAD_SECONDS),
         expires_at=now + timedelta(seconds=settings.MUNINN_QUOTE_TTL_SECONDS),
     )

@@ -9,8 +9,12 @@ class Device(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)  # sha256 of the device token; the token is shown once
     public_key = models.CharField(max_length=64, default="")  # base64 Ed25519 public key: verifies the device's receipts
     capabilities = models.JSONField(default=dict)
-    memory_bytes = models.BigIntegerField(default=0)  # the most a unit may need: largest GPU memory, else RAM
-    samples_per_s = models.FloatField(default=0.0)  # moving estimate, from the probe then from real units
+    memory_bytes = models.BigIntegerField(default=0)  # RAM: what a CPU (or Apple MPS) unit may use
+    gpu_memory_bytes = models.BigIntegerField(default=0)  # the largest CUDA GPU's memory: what a CUDA unit may use
+    # Moving estimates, from the probe's benchmark then from real verified units. FLOP/s sizes shards and
+    # deadlines (comparable across models); samples/s is shown to people.
+    flops_per_s = models.FloatField(default=0.0)
+    samples_per_s = models.FloatField(default=0.0)
     # Reputation: consecutive results that passed every check (re-executions included) set how often the
     # device's work is re-executed; failures since the last lifted quarantine decide quarantine.
     verified_streak = models.PositiveIntegerField(default=0)

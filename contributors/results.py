@@ -95,7 +95,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
 def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
     """Verified work: charge it to the customer's hold and credit the contributor; the device gains trust."""
     billing.unit_charge(unit=unit, contributor=receipt.device.owner)
-    services.device_record_success(device=receipt.device, seconds=receipt.train_seconds or 0.0,
+    services.device_record_success(device=receipt.device, seconds=receipt.train_seconds or 0.0, flops=unit.flops,
                                    work_samples=receipt.samples * unit.round.job.hparams["epochs"])
 
 

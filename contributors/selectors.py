@@ -13,17 +13,39 @@ def devices_online() -> QuerySet[Device]:
     return Device.objects.filter(is_active=True, last_seen_at__gte=since)
 
 
-def device_has_gpu(device: Device) -> bool:
-    """A GPU-tier device: it reports a CUDA backend."""
-    backends = (device.capabilities or {}).get("backends") or []
-    return isinstance(backends, list) and "cuda" in backends
+def device_resources(device: Device) -> dict[str, int]:
+    """The backends the device offers, each with the memory a unit may use on it: RAM for the CPU (and for
+    Apple MPS, whose memory is unified), the largest GPU's memory for CUDA."""
+    backends = (device.capabilities or {}).get("backends") or ["cpu"]
+    resources = {"cpu": device.memory_bytes}
+    if "cuda" in backends and device.gpu_memory_bytes > 0:
+        resources["cuda"] = device.gpu_memory_bytes
+    if "mps" in backends:
+        resources["mps"] = device.memory_bytes
+    return resources
 
 
-def device_capacities_online(*, min_memory_bytes: int = 0, gpu: bool = False) -> list[tuple[int, float]]:
-    """(device id, measured samples/s) of the online devices that can run a job needing this much memory
-    (and, for a GPU-tier template, a GPU)."""
-    rows = devices_online().filter(memory_bytes__gte=min_memory_bytes).order_by("id")
-    return [(d.pk, d.samples_per_s) for d in rows if not gpu or device_has_gpu(d)]
+def can_run(device: Device, *, min_memory_bytes: int, backends) -> bool:
+    resources = device_resources(device)
+    return any(resources.get(b, -1) >= min_memory_bytes for b in backends)
+
+
+def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) -> list[tuple[int, float]]:
+    """(device id, measured FLOP/s) of the online devices that can run a job needing this much memory on
+    one of these backends."""
+    rows = devices_online().filter(quarantined_at__isnull=True).order_by("id")
+    return [(d.pk, d.flops_per_s) for d in rows if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+
+
+def capacity_for(*, min_memory_bytes: int, backends) -> dict:
+    """How many online devices could run a job with these needs, and what the online ones offer: enough
+    to tell a customer why their job waits."""
+    devices = list(devices_online().filter(quarantined_at__isnull=True))
+    return {"capable": sum(1 for d in devices if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)),
+            "online": len(devices),
+            "max_ram_bytes": max((d.memory_bytes for d in devices), default=0),
+            "max_gpu_memory_bytes": max((d.gpu_memory_bytes for d in devices), default=0),
+            "with_cuda": sum(1 for d in devices if "cuda" in device_resources(d))}
 
 
 def devices_for(*, owner) -> QuerySet[Device]:

@@ -27,7 +27,8 @@ def device_register(*, owner, name: str, capabilities: dict, public_key: str) ->
     gpu_memory = [g.get("memory_bytes", 0) for g in capabilities.get("gpus", [])]
     device = Device.objects.create(
         owner=owner, name=name, token_hash=token_hash(token), capabilities=capabilities, public_key=public_key,
-        memory_bytes=max(gpu_memory + [capabilities.get("ram_bytes", 0)]),
+        memory_bytes=capabilities.get("ram_bytes", 0), gpu_memory_bytes=max(gpu_memory, default=0),
+        flops_per_s=float(capabilities.get("flops_per_s") or 0.0),
         samples_per_s=float(capabilities.get("samples_per_s") or 0.0), last_seen_at=timezone.now(),
     )
     return device, token
@@ -51,8 +52,7 @@ def unit_claim(*, device: Device) -> Claim | None:
         raise Quarantined(f"This device is quarantined and gets no work: {device.quarantine_reason} "
                           "Contact support to have it reviewed.")
     with transaction.atomic():
-        unit = jobs.unit_lease(device_id=device.pk, memory_bytes=device.memory_bytes,
-                               gpu=selectors.device_has_gpu(device))
+        unit = jobs.unit_lease(device_id=device.pk, resources=selectors.device_resources(device))
         if unit is None:
             return None
         lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token)
@@ -68,6 +68,10 @@ def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
     if lease is None:
         if unit.status == WorkUnit.Status.ACCEPTED:
             raise Conflict("This unit already has an accepted result.", code="already_done")
+        if unit.status == WorkUnit.Status.CANCELLED:
+            raise Conflict("This unit was cancelled: its round closed, its job ended, or another device's result "
+                           "for the same shard was accepted first. Nothing more is needed for it.",
+                           code="unit_cancelled")
         raise Conflict("This unit is not leased to this device (the lease expired, or it is someone else's).",
                        code="lease_lost")
     return unit, lease
@@ -79,12 +83,12 @@ def unit_heartbeat(*, device: Device, unit_id: int):
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
 
 
-def device_record_success(*, device: Device, work_samples: int, seconds: float) -> None:
-    """A result passed every check: the streak grows and the speed estimate learns from it."""
+def device_record_success(*, device: Device, work_samples: int, flops: int, seconds: float) -> None:
+    """A result passed every check: the streak grows and the speed estimates learn from it."""
     first = not Device.objects.filter(pk=device.pk, verified_total__gt=0).exists()
     Device.objects.filter(pk=device.pk).update(verified_streak=F("verified_streak") + 1,
                                                verified_total=F("verified_total") + 1)
-    _update_throughput(device, samples=work_samples, seconds=seconds, replace=first)
+    _update_throughput(device, samples=work_samples, flops=flops, seconds=seconds, replace=first)
 
 
 def device_record_failure(*, device: Device, reason: str) -> bool:
@@ -124,11 +128,16 @@ def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
     return locked
 
 
-def _update_throughput(device: Device, *, samples: int, seconds: float, replace: bool = False) -> None:
-    """Moving estimate of samples/s; the first real unit replaces the probe's benchmark outright."""
+def _update_throughput(device: Device, *, samples: int, flops: int, seconds: float, replace: bool = False) -> None:
+    """Moving estimates of samples/s and FLOP/s; the first real unit replaces the probe's benchmark outright."""
     if seconds <= 0:
         return
-    measured = samples / seconds
-    current = Device.objects.filter(pk=device.pk).values_list("samples_per_s", flat=True).first() or 0.0
-    new = measured if current <= 0 or replace else (1 - THROUGHPUT_SMOOTHING) * current + THROUGHPUT_SMOOTHING * measured
-    Device.objects.filter(pk=device.pk).update(samples_per_s=new)
+    current = Device.objects.filter(pk=device.pk).values("samples_per_s", "flops_per_s").first() or {}
+
+    def moved(old: float, measured: float) -> float:
+        if not old or old <= 0 or replace:
+            return measured
+        return (1 - THROUGHPUT_SMOOTHING) * old + THROUGHPUT_SMOOTHING * measured
+
+    Device.objects.filter(pk=device.pk).update(samples_per_s=moved(current.get("samples_per_s"), samples / seconds),
+                                               flops_per_s=moved(current.get("flops_per_s"), flops / seconds))

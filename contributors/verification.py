@@ -15,6 +15,8 @@ from muninn_worker import tensors, training
 
 from jobs import services as jobs
 from jobs import storage
+from jobs.models import WorkUnit
+from muninn.errors import Conflict
 
 from . import checks, results, services
 from .checks import ResultRejected
@@ -31,6 +33,8 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
     if pending is None:
         return None
     unit, job = pending.unit, pending.unit.round.job
+    if unit.status == WorkUnit.Status.CANCELLED:  # its shard's other copy was accepted first: nothing to check
+        return _superseded(pending.pk)
     reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
     X, y = jobs.load_xy(unit.shard_sha256)
     recomputed = training.train_local(jobs.job_model(job, reference), X, y, **jobs.unit_train_spec(unit)).state_dict
@@ -53,12 +57,29 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
             services.device_record_failure(device=receipt.device, reason=receipt.reason)
             log.warning("unit %s from device %s failed re-execution: %s", unit.pk, receipt.device_id, e.message)
             return receipt
+        try:
+            unit, round_complete = jobs.unit_verified(unit_id=unit.pk)
+        except Conflict as e:
+            if e.code != "superseded":
+                raise
+            receipt.save(update_fields=["verification"])
+            return _superseded(receipt.pk)
         receipt.status = Receipt.Status.ACCEPTED
         receipt.save(update_fields=["status", "verification"])
-        unit, round_complete = jobs.unit_verified(unit_id=unit.pk)
         results.credit(unit=unit, receipt=receipt)
         if round_complete:
             results.aggregate_on_commit(unit.round_id)
+    return receipt
+
+
+def _superseded(receipt_id: int) -> Receipt:
+    """The first valid result for the shard came from the other copy (straggler or backup): this receipt is
+    kept, not credited, and not held against the device (it was not wrong, only late)."""
+    with transaction.atomic():
+        receipt = Receipt.objects.select_for_update().get(pk=receipt_id)
+        if receipt.status == Receipt.Status.PENDING:
+            receipt.status, receipt.reason = Receipt.Status.REJECTED, f"superseded: {jobs.SUPERSEDED}"[:500]
+            receipt.save(update_fields=["status", "reason"])
     return receipt
 
 

@@ -79,8 +79,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "dataset", "base_weights", "template", "hparams", "model_config", "algorithm",
-                  "aggregation", "rounds",
-                  "rounds_done",
+                  "aggregation", "backends", "rounds", "rounds_done",
                   "seed", "status", "flops_estimated", "hu_estimated", "peak_memory_bytes", "n_train", "n_test",
                   "current_round", "metrics", "error", "created_at", "started_at", "finished_at"]
 
@@ -90,9 +89,18 @@ class JobSerializer(serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     round_list = serializers.SerializerMethodField()
+    waiting = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = JobSerializer.Meta.fields + ["round_list"]
+        fields = JobSerializer.Meta.fields + ["round_list", "waiting"]
+
+    def get_waiting(self, job: Job) -> str | None:
+        """Why a running job is not moving (no online device can run it), or null."""
+        capacity = self.context.get("capacity")
+        if capacity is None or job.status != Job.Status.RUNNING:
+            return None
+        return selectors.job_waiting_reason(job, capacity(min_memory_bytes=job.peak_memory_bytes,
+                                                          backends=job.backend_list))
 
     def get_round_list(self, job: Job) -> list:
         return RoundSerializer(selectors.job_rounds(job=job).prefetch_related("units"), many=True).data
@@ -137,9 +145,11 @@ class JobListView(APIView):
 
 class JobDetailView(APIView):
     permission_classes = [IsCustomer]
+    capacity = None  # wired in muninn/urls.py: contributors/ knows which devices are online
 
     def get(self, request, job_id: int):
-        return Response(JobDetailSerializer(selectors.job_get(owner=request.user, job_id=job_id)).data)
+        job = selectors.job_get(owner=request.user, job_id=job_id)
+        return Response(JobDetailSerializer(job, context={"capacity": self.capacity}).data)
 
 
 class JobStartView(APIView):

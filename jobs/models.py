@@ -5,6 +5,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from .hu import flops_to_hu
 
@@ -65,6 +66,9 @@ class Job(models.Model):
     model_config = models.JSONField(default=dict)
     algorithm = models.CharField(max_length=16, choices=Algorithm.choices, default=Algorithm.FEDAVG)
     aggregation = models.CharField(max_length=16, choices=Aggregation.choices, default=Aggregation.FEDAVG)
+    # Where its units train ("cpu", or "cuda" for GPU-tier templates), comma-separated: a device is leased a
+    # unit only when it offers one of these backends with `peak_memory_bytes` of memory on it.
+    backends = models.CharField(max_length=32, default="cpu")
     rounds = models.PositiveIntegerField()
     seed = models.BigIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED, db_index=True)
@@ -103,6 +107,10 @@ class Job(models.Model):
     def is_ended(self) -> bool:
         return self.status in self.ENDED
 
+    @property
+    def backend_list(self) -> list[str]:
+        return [b for b in self.backends.split(",") if b]
+
 
 class Round(models.Model):
     class Status(models.TextChoices):
@@ -114,9 +122,12 @@ class Round(models.Model):
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN, db_index=True)
     weights_sha256 = models.CharField(max_length=64)  # the global weights every unit starts from
     result_sha256 = models.CharField(max_length=64, blank=True)  # the aggregated weights
+    # Adaptive, from the plan and the arrivals so far (jobs/deadlines.py): past `deadline_at` the stragglers'
+    # units are re-issued to free devices; past `close_at` the round closes with the verified updates it has.
     deadline_at = models.DateTimeField()
+    close_at = models.DateTimeField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
-    opened_at = models.DateTimeField(auto_now_add=True)
+    opened_at = models.DateTimeField(default=timezone.now)  # deadlines count from here
     closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -146,6 +157,9 @@ class WorkUnit(models.Model):
     seed = models.BigIntegerField()
     flops = models.BigIntegerField()  # samples × (flops_per_sample × epochs + 2 × forward_flops_per_sample)
     min_memory_bytes = models.BigIntegerField(default=0)
+    expected_seconds = models.FloatField(default=0.0)  # flops / the planned device's FLOP/s; 0: no estimate
+    # A straggler's shard issued again: the first valid result of the two is accepted, the other cancelled.
+    backup_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="backups")
     # The device the shard was sized for (a contributors.Device id, kept as a plain number so that jobs/
     # stays below contributors/). Until `reserved_until` only that device may lease it; then anyone can.
     preferred_device_id = models.BigIntegerField(null=True, blank=True)
@@ -154,11 +168,13 @@ class WorkUnit(models.Model):
     # The current lease. A new token per lease, so a result from an expired lease is told apart.
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    leased_device_id = models.BigIntegerField(null=True, blank=True)  # the current (or last) lease holder
     attempts = models.PositiveIntegerField(default=0)
 
     result_sha256 = models.CharField(max_length=64, blank=True)
     result_samples = models.PositiveIntegerField(null=True, blank=True)
     result_metrics = models.JSONField(default=dict, blank=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)  # when its result arrived (an arrival, for deadlines)
     accepted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -23,3 +23,24 @@ def job_get(*, owner, job_id: int) -> Job:
 
 def job_rounds(*, job: Job) -> QuerySet[Round]:
     return job.round_set.order_by("number")
+
+
+BACKEND_NAMES = {"cpu": "a CPU", "cuda": "a CUDA GPU", "mps": "an Apple GPU"}
+
+
+def job_waiting_reason(job: Job, capacity: dict) -> str | None:
+    """Why a running job is not moving, in words for its customer, or None when some online device can run
+    it. `capacity` is what contributors.selectors.capacity_for says about the devices online."""
+    if job.status != Job.Status.RUNNING or capacity["capable"] > 0:
+        return None
+    need = f"{job.peak_memory_bytes / 2**30:.2f} GiB of memory on " + " or ".join(
+        BACKEND_NAMES.get(b, b) for b in job.backend_list)
+    if capacity["online"] == 0:
+        seen = "no device is online"
+    elif job.backend_list == ["cuda"] and capacity["with_cuda"] == 0:
+        seen = f"none of the {capacity['online']} device(s) online has a CUDA GPU"
+    else:
+        most = capacity["max_gpu_memory_bytes"] if job.backend_list == ["cuda"] else capacity["max_ram_bytes"]
+        seen = f"the largest of the {capacity['online']} device(s) online offers {most / 2**30:.2f} GiB"
+    return (f"No online device can run this job yet: it needs {need}, and {seen}. It waits, and carries on as "
+            "soon as a device that can run it comes online.")

@@ -17,7 +17,7 @@ from muninn_worker import tensors, training, zoo
 
 from muninn.errors import Conflict, InvalidInput, TooLarge
 
-from . import datasets, estimate, preparation, robust, storage
+from . import datasets, deadlines, estimate, preparation, robust, storage
 from .models import Dataset, Job, Round, WorkUnit
 from .sharding import plan_shards
 from .signals import job_ended, job_started
@@ -75,6 +75,13 @@ class JobPlan:
     model_config: dict
     estimate: estimate.Estimate
     base_weights: Dataset | None = None
+    backends: tuple[str, ...] = ("cpu",)
+
+
+def template_backends(template: str) -> tuple[str, ...]:
+    """Where the worker client trains this template's units: GPU-tier templates on CUDA, the rest on the CPU
+    (which every device has; small models train faster there than through a GPU's launch overheads)."""
+    return ("cuda",) if zoo.get_template(template).tier == "gpu" else ("cpu",)
 
 
 def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int,
@@ -121,7 +128,7 @@ def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int,
     train_idx, _ = datasets.split_holdout(rows, seed=0)  # the split's sizes do not depend on the seed
     est = estimate.job_estimate(template=template, model_config=model_config, hparams=hp,
                                 n_train=len(train_idx), rounds=rounds)
-    return JobPlan(hp, model_config, est, base_weights)
+    return JobPlan(hp, model_config, est, base_weights, template_backends(template))
 
 
 def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds: int,
@@ -143,7 +150,7 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
     with transaction.atomic():
         return Job.objects.create(
             owner=owner, dataset=dataset, template=template, hparams=plan.hparams, model_config=plan.model_config,
-            base_weights=base_weights, aggregation=aggregation,
+            base_weights=base_weights, aggregation=aggregation, backends=",".join(plan.backends),
             rounds=rounds, seed=seed, flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
             forward_flops_per_sample=est.forward_flops_per_sample,
             peak_memory_bytes=est.peak_memory_bytes,
@@ -204,10 +211,11 @@ def _unit_seed(job: Job, number: int, index: int) -> int:
 
 
 def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | None:
-    """Open the job's next round: shard the training set across the devices online now, given as
-    (device id, measured samples/s): sizes ∝ throughput, each shard reserved for a while for the device
-    it was sized for; no device or one device → one unit with everything. Idempotent: an open round is
-    returned as it is; an ended job or a finished schedule opens nothing."""
+    """Open the job's next round: shard the training set across the capable devices online now, given as
+    (device id, measured FLOP/s): sizes ∝ throughput so they finish together, each shard reserved for a
+    while for the device it was sized for; no device or one device → one unit with everything. The
+    deadlines come from the plan (jobs/deadlines.py). Idempotent: an open round is returned as it is; an
+    ended job or a finished schedule opens nothing."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.status != Job.Status.RUNNING:
@@ -222,25 +230,27 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
         shards = plan_shards(job.n_train, [speed for _, speed in devices],
                              min_shard=min(job.hparams["batch_size"], job.n_train))
         now = timezone.now()
-        rnd = Round.objects.create(
-            job=job, number=number, weights_sha256=job.global_weights_sha256,
-            deadline_at=now + timedelta(seconds=settings.MUNINN_ROUND_DEADLINE_SECONDS),
-        )
-        reserved_until = now + timedelta(seconds=settings.MUNINN_RESERVATION_SECONDS)
-        WorkUnit.objects.bulk_create([
-            WorkUnit(
-                round=rnd, index=i, shard_start=shard.start, shard_stop=shard.stop,
+        units = []
+        for i, shard in enumerate(shards):
+            flops = estimate.unit_flops(flops_per_sample=job.flops_per_sample, samples=shard.stop - shard.start,
+                                        epochs=job.hparams["epochs"],
+                                        forward_flops_per_sample=job.forward_flops_per_sample)
+            units.append(WorkUnit(
+                index=i, shard_start=shard.start, shard_stop=shard.stop,
                 shard_sha256=storage.blob_put(_xy_bytes(X[shard.start:shard.stop], y[shard.start:shard.stop])),
-                seed=_unit_seed(job, number, i),
-                flops=estimate.unit_flops(flops_per_sample=job.flops_per_sample, samples=shard.stop - shard.start,
-                                          epochs=job.hparams["epochs"],
-                                          forward_flops_per_sample=job.forward_flops_per_sample),
-                min_memory_bytes=job.peak_memory_bytes,
+                seed=_unit_seed(job, number, i), flops=flops, min_memory_bytes=job.peak_memory_bytes,
+                expected_seconds=0.0 if shard.device is None else deadlines.expected_seconds(
+                    flops, devices[shard.device][1]),
                 preferred_device_id=None if shard.device is None else devices[shard.device][0],
-                reserved_until=None if shard.device is None else reserved_until,
-            )
-            for i, shard in enumerate(shards)
-        ])
+                reserved_until=None if shard.device is None else now + timedelta(
+                    seconds=settings.MUNINN_RESERVATION_SECONDS),
+            ))
+        soft, hard = _deadlines(outstanding=[u.expected_seconds for u in units], arrivals=[])
+        rnd = Round.objects.create(job=job, number=number, weights_sha256=job.global_weights_sha256, opened_at=now,
+                                   deadline_at=now + timedelta(seconds=soft), close_at=now + timedelta(seconds=hard))
+        for unit in units:
+            unit.round = rnd
+        WorkUnit.objects.bulk_create(units)
         job.current_round = number
         job.save(update_fields=["current_round"])
     log.info("job %s: opened round %s with %s unit(s)", job.pk, number, len(shards))
@@ -318,46 +328,98 @@ def _evaluate(job: Job, state: dict[str, torch.Tensor]) -> dict[str, float]:
     return training.evaluate(job_model(job, state), X_test, y_test)
 
 
+def _deadlines(*, outstanding: list[float], arrivals: list[deadlines.Arrival]) -> deadlines.Deadlines:
+    return deadlines.round_deadlines(
+        outstanding=outstanding, arrivals=arrivals, grace=settings.MUNINN_ROUND_GRACE_SECONDS,
+        floor=settings.MUNINN_ROUND_DEADLINE_MIN_SECONDS, ceiling=settings.MUNINN_ROUND_DEADLINE_SECONDS)
+
+
+def _round_reschedule(rnd: Round, now: datetime) -> None:
+    """Move the round's deadlines to what the arrivals so far say (the caller holds the round's lock)."""
+    arrived, outstanding = [], []
+    for unit in rnd.units.filter(backup_of__isnull=True):  # a backup's arrival is recorded on its original
+        if unit.submitted_at is not None:
+            arrived.append(deadlines.Arrival((unit.submitted_at - rnd.opened_at).total_seconds(),
+                                             unit.expected_seconds))
+        elif unit.status != WorkUnit.Status.CANCELLED:
+            outstanding.append(unit.expected_seconds)
+    soft, hard = _deadlines(outstanding=outstanding, arrivals=arrived)
+    rnd.deadline_at = rnd.opened_at + timedelta(seconds=soft)
+    rnd.close_at = rnd.opened_at + timedelta(seconds=hard)
+    rnd.save(update_fields=["deadline_at", "close_at"])
+
+
 def rounds_overdue(*, now: datetime | None = None) -> list[int]:
-    """Open rounds past their deadline that have at least one accepted result: ready to close as they are."""
+    """Open rounds past their hard deadline that have at least one verified update: ready to close as they
+    are (a round with none waits: it never closes empty)."""
     now = now or timezone.now()
     return list(
-        Round.objects.filter(status=Round.Status.OPEN, deadline_at__lt=now,
-                             units__status=WorkUnit.Status.ACCEPTED).values_list("id", flat=True).distinct()
+        Round.objects.filter(Q(close_at__lt=now) | Q(close_at__isnull=True, deadline_at__lt=now),
+                             status=Round.Status.OPEN, units__status=WorkUnit.Status.ACCEPTED)
+        .values_list("id", flat=True).distinct()
     )
+
+
+def units_reissue_stragglers(*, now: datetime | None = None) -> list[int]:
+    """Past an open round's soft deadline, each unit still leased (a straggler) is issued once more, as a
+    backup unit open to any free device; whichever of the two gives the first valid result is accepted
+    and the other is cancelled (see unit_accept). Idempotent: a unit gets at most one backup. Returns the
+    backups' ids."""
+    now = now or timezone.now()
+    created = []
+    for round_id in (Round.objects.filter(status=Round.Status.OPEN, deadline_at__lt=now, job__status=Job.Status.RUNNING)
+                     .values_list("id", flat=True)):
+        with transaction.atomic():
+            rnd = Round.objects.select_for_update().get(pk=round_id)
+            if rnd.status != Round.Status.OPEN:
+                continue
+            stragglers = list(rnd.units.filter(status=WorkUnit.Status.LEASED, backup_of__isnull=True,
+                                               backups__isnull=True))
+            if not stragglers:
+                continue
+            next_index = (rnd.units.order_by("-index").values_list("index", flat=True).first() or 0) + 1
+            backups = WorkUnit.objects.bulk_create([
+                WorkUnit(round=rnd, index=next_index + i, backup_of=unit, shard_start=unit.shard_start,
+                         shard_stop=unit.shard_stop, shard_sha256=unit.shard_sha256, seed=unit.seed, flops=unit.flops,
+                         min_memory_bytes=unit.min_memory_bytes, expected_seconds=unit.expected_seconds)
+                for i, unit in enumerate(stragglers)
+            ])
+            created += [b.pk for b in backups]
+        log.info("job round %s: re-issued %s straggler unit(s)", round_id, len(stragglers))
+    return created
 
 
 # --- Work units -----------------------------------------------------------------------------------
 
-GPU_TEMPLATES = tuple(sorted(name for name, spec in zoo.TEMPLATES.items() if spec.tier == "gpu"))
+def _runnable_on(resources: dict[str, int]) -> Q:
+    """Units a device can run: one of its backends is among the job's, with the unit's memory on it.
+    `resources` maps each backend the device offers ("cpu", "cuda", "mps") to its memory in bytes."""
+    runnable = Q(pk__in=[])
+    for backend, memory in resources.items():
+        runnable |= Q(round__job__backends__contains=backend, min_memory_bytes__lte=memory)
+    return runnable
 
 
-def job_needs_gpu(job: Job) -> bool:
-    return job.template in GPU_TEMPLATES
-
-
-def unit_lease(*, device_id: int, memory_bytes: int, lease_seconds: int | None = None,
-               gpu: bool = True) -> WorkUnit | None:
-    """Lease one queued unit the device can run: first one sized for it, else one nobody else has reserved;
-    a device without a GPU (`gpu=False`) never gets a GPU-tier template's unit. Never the same unit to two
-    devices: rows are locked with SKIP LOCKED where the database has it, and the lease itself is a
-    conditional update on the status."""
+def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int | None = None) -> WorkUnit | None:
+    """Lease one queued unit the device can run (see _runnable_on): first one sized for it, then a
+    straggler's backup (the round waits on it), then one nobody else has reserved; never the backup of a
+    unit this device is itself running. Never the same unit to two devices: rows are locked with SKIP
+    LOCKED where the database has it, and the lease itself is a conditional update on the status."""
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
     now = timezone.now()
     with transaction.atomic():
         candidates = WorkUnit.objects.filter(
             Q(preferred_device_id=device_id) | Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now),
+            _runnable_on(resources),
             status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
-            min_memory_bytes__lte=memory_bytes,
-        ).order_by(Case(When(preferred_device_id=device_id, then=0), default=1), "id")
-        if not gpu:
-            candidates = candidates.exclude(round__job__template__in=GPU_TEMPLATES)
+        ).exclude(backup_of__leased_device_id=device_id).order_by(
+            Case(When(preferred_device_id=device_id, then=0), When(backup_of__isnull=False, then=1), default=2), "id")
         if connection.features.has_select_for_update_skip_locked:
             candidates = candidates.select_for_update(skip_locked=True, of=("self",))
         for unit in candidates[:4]:
             token = uuid.uuid4()
             leased = WorkUnit.objects.filter(pk=unit.pk, status=WorkUnit.Status.QUEUED).update(
-                status=WorkUnit.Status.LEASED, lease_token=token,
+                status=WorkUnit.Status.LEASED, lease_token=token, leased_device_id=device_id,
                 lease_expires_at=now + timedelta(seconds=lease_seconds), attempts=F("attempts") + 1,
             )
             if leased:
@@ -375,27 +437,51 @@ def unit_heartbeat(*, unit_id: int, lease_token: uuid.UUID, lease_seconds: int |
     return expires
 
 
+SUPERSEDED = "Another device's result for the same shard was accepted first (this unit was a straggler's "\
+             "backup, or had one); this result is not credited."
+
+
 def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, samples: int,
                 metrics: dict, verify: bool = False) -> tuple[WorkUnit, bool]:
     """Record a result that passed the cheap checks: accepted at once, or `verify`ing until a re-execution
-    agrees (see unit_verified / unit_reject). Returns (unit, round_complete). Must run inside the caller's
-    transaction so that crediting the work commits with it. The round row is locked first, so an
-    aggregation never misses a result it has already been told about."""
+    agrees (see unit_verified / unit_reject). An accepted result cancels its shard's other copy (a
+    straggler and its backup: the first valid result wins). Its arrival moves the round's deadlines.
+    Returns (unit, round_complete). Must run inside the caller's transaction so that crediting the work
+    commits with it. The round row is locked first, so an aggregation never misses a result it has already
+    been told about, and two copies of one shard are never both accepted."""
     unit = WorkUnit.objects.select_related("round").get(pk=unit_id)
     rnd = Round.objects.select_for_update().get(pk=unit.round_id)
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
     if unit.status in (WorkUnit.Status.ACCEPTED, WorkUnit.Status.VERIFYING):
         raise Conflict("This unit already has a result.", code="already_done")
+    if unit.status == WorkUnit.Status.CANCELLED and rnd.status == Round.Status.OPEN:
+        raise Conflict(SUPERSEDED, code="superseded")
     if rnd.status != Round.Status.OPEN or unit.status != WorkUnit.Status.LEASED or unit.lease_token != lease_token:
         raise Conflict("This unit is no longer leased to you (the lease expired or the round closed).",
                        code="lease_lost")
+    now = timezone.now()
     unit.status = WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED
-    unit.accepted_at = None if verify else timezone.now()
+    unit.accepted_at = None if verify else now
     unit.result_sha256, unit.result_samples, unit.result_metrics = result_sha256, samples, metrics
-    unit.lease_expires_at = None
+    unit.lease_expires_at, unit.submitted_at = None, now
     unit.save()
+    if not verify:
+        _cancel_copies(unit)
+    original = unit if unit.backup_of_id is None else WorkUnit.objects.get(pk=unit.backup_of_id)
+    if original.submitted_at is None:  # a backup's arrival stands for its original's
+        WorkUnit.objects.filter(pk=original.pk).update(submitted_at=now)
+    _round_reschedule(rnd, now)
     unit.round = rnd
     return unit, _round_complete(rnd)
+
+
+def _cancel_copies(unit: WorkUnit) -> int:
+    """The other copies of an accepted unit's shard (its original or backups) will not count: cancel them,
+    so their late results are refused and the round need not wait for them."""
+    group = unit.backup_of_id or unit.pk
+    return (WorkUnit.objects.filter(Q(pk=group) | Q(backup_of_id=group)).exclude(pk=unit.pk)
+            .exclude(status=WorkUnit.Status.ACCEPTED)
+            .update(status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None))
 
 
 def _round_complete(rnd: Round) -> bool:
@@ -407,10 +493,13 @@ def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
     """A re-execution agreed: the verifying result now counts. Returns (unit, round_complete)."""
     rnd = Round.objects.select_for_update().get(pk=WorkUnit.objects.values("round_id").get(pk=unit_id)["round_id"])
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
+    if unit.status == WorkUnit.Status.CANCELLED:
+        raise Conflict(SUPERSEDED, code="superseded")
     if unit.status != WorkUnit.Status.VERIFYING:
         raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
     unit.status, unit.accepted_at = WorkUnit.Status.ACCEPTED, timezone.now()
     unit.save(update_fields=["status", "accepted_at"])
+    _cancel_copies(unit)
     unit.round = rnd
     return unit, rnd.status == Round.Status.OPEN and _round_complete(rnd)
 
@@ -427,7 +516,7 @@ def unit_reject(*, unit_id: int) -> WorkUnit:
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
     if unit.status != WorkUnit.Status.VERIFYING:
         raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
-    unit.status = WorkUnit.Status.QUEUED
+    unit.status, unit.submitted_at = WorkUnit.Status.QUEUED, None
     unit.result_sha256, unit.result_samples, unit.result_metrics = "", None, {}
     unit.lease_token = unit.preferred_device_id = unit.reserved_until = None
     unit.save()

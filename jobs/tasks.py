@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def _online_devices(job: Job) -> list[tuple[int, float]]:
     from contributors.selectors import device_capacities_online
 
-    return device_capacities_online(min_memory_bytes=job.peak_memory_bytes, gpu=services.job_needs_gpu(job))
+    return device_capacities_online(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list)
 
 
 @shared_task(name="jobs.tasks.open_round")
@@ -48,5 +48,7 @@ def requeue_expired_leases() -> int:
 
 @shared_task(name="jobs.tasks.close_overdue_rounds")
 def close_overdue_rounds() -> None:
+    """Past the soft deadline, re-issue stragglers; past the hard one, close with the verified updates."""
+    services.units_reissue_stragglers()
     for round_id in services.rounds_overdue():
         aggregate_round(round_id)

@@ -62,7 +62,7 @@ def customer_api(customer) -> APIClient:
 
 
 CAPABILITIES = {"cpu_cores": 2, "ram_bytes": 8 * 2**30, "backends": ["cpu"], "gpus": [], "torch_version": "2.13.0",
-                "samples_per_s": 1000.0}
+                "samples_per_s": 1000.0, "flops_per_s": 2e9}
 
 
 class SimulatedDevice:

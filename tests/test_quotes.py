@@ -25,10 +25,10 @@ def test_device_tier_is_the_smallest_that_holds_the_peak_memory():
 
 
 def test_expected_wall_time_divides_the_work_by_the_devices_combined_speed():
-    seconds = pricing.expected_wall_seconds(samples_per_round=1000, epochs=2, rounds=3, device_speeds=[100.0, 300.0],
+    seconds = pricing.expected_wall_seconds(flops_per_round=2000, rounds=3, device_flops_per_s=[100.0, 300.0],
                                             round_overhead_seconds=5.0)
-    assert seconds == 3 * (1000 * 2 / 400 + 5)
-    assert pricing.expected_wall_seconds(samples_per_round=1000, epochs=1, rounds=1, device_speeds=[],
+    assert seconds == 3 * (2000 / 400 + 5)
+    assert pricing.expected_wall_seconds(flops_per_round=1000, rounds=1, device_flops_per_s=[0.0],
                                          round_overhead_seconds=5.0) is None
 
 

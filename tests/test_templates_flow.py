@@ -163,6 +163,7 @@ def test_resnet18_units_go_only_to_gpu_devices(customer_api, contributor):
     gpu = SimulatedDevice(contributor, "rig")
     gpu.device.capabilities = {**CAPABILITIES, "backends": ["cpu", "cuda"],
                                "gpus": [{"name": "RTX 4090", "memory_bytes": 24 * 2**30}]}
+    gpu.device.gpu_memory_bytes = 24 * 2**30
     gpu.device.save()
 
     job = create_job(customer_api, dataset["id"], "resnet18", 1,

@@ -148,7 +148,7 @@ CELERY_TASK_ROUTES = {"contributors.tasks.verify_unit": {"queue": "validation"}}
 CELERY_BEAT_SCHEDULE = {
     "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications", "schedule": 30.0},
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
-    "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 10.0},
+    "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 5.0},  # + re-issues stragglers
     "clear-earnings": {"task": "billing.tasks.clear_earnings", "schedule": 600.0},
     "retry-approved-payouts": {"task": "billing.tasks.retry_approved_payouts", "schedule": 300.0},
 }
@@ -161,7 +161,11 @@ MUNINN_CONTRIBUTOR_SHARE = Decimal(env.str("MUNINN_CONTRIBUTOR_SHARE", default="
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
 MUNINN_RESERVATION_SECONDS = env.int("MUNINN_RESERVATION_SECONDS", default=10)  # a shard waits this long for its device
 MUNINN_DEVICE_ONLINE_SECONDS = env.int("MUNINN_DEVICE_ONLINE_SECONDS", default=60)
+# Round deadlines adapt to the plan and to arrivals (jobs/deadlines.py) within [MIN, MAX]; past the soft one
+# stragglers are re-issued, past twice it the round closes with its verified updates. GRACE covers transfers.
 MUNINN_ROUND_DEADLINE_SECONDS = env.int("MUNINN_ROUND_DEADLINE_SECONDS", default=900)
+MUNINN_ROUND_DEADLINE_MIN_SECONDS = env.float("MUNINN_ROUND_DEADLINE_MIN_SECONDS", default=10.0)
+MUNINN_ROUND_GRACE_SECONDS = env.float("MUNINN_ROUND_GRACE_SECONDS", default=5.0)
 # Re-executed results must match to this relative distance (honest runs on other CPUs/thread counts: ~1e-7).
 MUNINN_REEXECUTION_TOLERANCE = float(env.str("MUNINN_REEXECUTION_TOLERANCE", default="1e-3"))
 MUNINN_MAX_UPLOAD_BYTES = env.int("MUNINN_MAX_UPLOAD_BYTES", default=50 * 1024 * 1024)
