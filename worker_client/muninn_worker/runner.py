@@ -203,6 +203,10 @@ def _train_device(template: str) -> torch.device:
     """GPU-tier templates train on the GPU when there is one; everything else on the CPU, where training is
     bitwise reproducible (the site re-executes units on CPU and compares within a tolerance)."""
     if get_template(template).tier == "gpu" and torch.cuda.is_available():
+        # Full fp32 on the GPU: TF32 convolutions (cuDNN's default on Ampere and later) round to 10 bits of
+        # mantissa, far past what the CPU re-execution tolerates. bench/gpu_reexecution.py measures the rest.
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
         return torch.device("cuda")
     return torch.device("cpu")
 
