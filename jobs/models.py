@@ -45,6 +45,14 @@ class Job(models.Model):
 
     class Algorithm(models.TextChoices):
         FEDAVG = "fedavg", "FedAvg"
+        DILOCO = "diloco", "DiLoCo (outer Nesterov step on the averaged change)"
+
+    class Encoding(models.TextChoices):
+        """How a device uploads its update: the delta against the round's global weights, in this format."""
+
+        FP32 = "fp32", "float32 delta"
+        FP16 = "fp16", "float16 delta"
+        INT8 = "int8", "int8 delta, one scale per tensor"
 
     class Aggregation(models.TextChoices):
         """How the round's updates are combined (robust rules resist a share of malicious devices)."""
@@ -65,6 +73,14 @@ class Job(models.Model):
     model_config = models.JSONField(default=dict)
     algorithm = models.CharField(max_length=16, choices=Algorithm.choices, default=Algorithm.FEDAVG)
     aggregation = models.CharField(max_length=16, choices=Aggregation.choices, default=Aggregation.FEDAVG)
+    # DiLoCo only (null for FedAvg): the outer Nesterov step's learning rate and momentum, and the local
+    # optimizer steps each unit trains (instead of `epochs`).
+    outer_lr = models.FloatField(null=True, blank=True)
+    outer_momentum = models.FloatField(null=True, blank=True)
+    inner_steps = models.PositiveIntegerField(null=True, blank=True)
+    update_encoding = models.CharField(max_length=8, choices=Encoding.choices, default=Encoding.FP32)
+    # DiLoCo's outer momentum buffers after the last closed round (a content-addressed blob; blank before it).
+    outer_momentum_sha256 = models.CharField(max_length=64, blank=True)
     rounds = models.PositiveIntegerField()
     seed = models.BigIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED, db_index=True)
@@ -144,7 +160,8 @@ class WorkUnit(models.Model):
     shard_stop = models.PositiveIntegerField()
     shard_sha256 = models.CharField(max_length=64)
     seed = models.BigIntegerField()
-    flops = models.BigIntegerField()  # samples × (flops_per_sample × epochs + 2 × forward_flops_per_sample)
+    # flops_per_sample × (samples × epochs, or DiLoCo's inner_steps × batch) + 2 × samples × forward FLOPs
+    flops = models.BigIntegerField()
     min_memory_bytes = models.BigIntegerField(default=0)
     # The device the shard was sized for (a contributors.Device id, kept as a plain number so that jobs/
     # stays below contributors/). Until `reserved_until` only that device may lease it; then anyone can.
