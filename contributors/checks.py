@@ -68,6 +68,12 @@ def check_receipt(receipt: Mapping, *, expected: Expected, output_sha256: str) -
         raise ResultRejected("receipt_bad_times", "The receipt finishes before it starts.")
 
 
+def max_update_bytes(weights_bytes: int) -> int:
+    """The most an update of weights this size may take, uploaded or inflated: twice the weights (a float32
+    delta with its header is about their size) plus slack for small models."""
+    return 2 * weights_bytes + 1_000_000
+
+
 def decode_update(data: bytes, reference: Mapping[str, torch.Tensor], encoding: str, *,
                   max_inflated_bytes: int) -> dict[str, torch.Tensor]:
     """The full state an uploaded update stands for (the global weights plus its delta), or the reason it is

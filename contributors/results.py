@@ -47,7 +47,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     try:
         unit, lease = services.leased_unit(device=device, unit_id=unit_id)
         reference_bytes = storage.blob_get(unit.round.weights_sha256)
-        if len(weights) > max_update_bytes(len(reference_bytes)) or len(weights) > max_bytes:
+        if len(weights) > checks.max_update_bytes(len(reference_bytes)) or len(weights) > max_bytes:
             raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are "
                            f"{len(reference_bytes):,}.")
     except (Conflict, NotFound, TooLarge) as e:
@@ -98,12 +98,6 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     return stored
 
 
-def max_update_bytes(weights_bytes: int) -> int:
-    """The most an update of weights this size may take, uploaded or inflated: twice the weights (a float32
-    delta with its header is about their size) plus slack for small models."""
-    return 2 * weights_bytes + 1_000_000
-
-
 def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
     """Verified work: charge it to the customer's hold and credit the contributor; the device gains trust."""
     billing.unit_charge(unit=unit, contributor=receipt.device.owner)
@@ -132,7 +126,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     collision = live.values_list("id", flat=True).first()
     reference = tensors.bytes_to_state_dict(reference_bytes)
     state = checks.decode_update(weights, reference, unit.round.job.update_encoding,
-                                 max_inflated_bytes=max_update_bytes(len(reference_bytes)))
+                                 max_inflated_bytes=checks.max_update_bytes(len(reference_bytes)))
     checks.check_state(state, reference)
     norm = checks.update_norm(state, reference)
     bound = checks.norm_bound([u.result_metrics.get("update_norm", 0.0) for u in WorkUnit.objects.filter(
