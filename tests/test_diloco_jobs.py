@@ -167,7 +167,7 @@ def test_diloco_int8_job_learns_and_charges_what_was_done_within_the_quote(custo
 
     assert done.status == Job.Status.SUCCEEDED and done.update_encoding == "int8"
     rounds = list(done.round_set.order_by("number"))
-    assert all(r.metrics["units"] == 2 for r in rounds)
+    assert rounds[0].metrics["units"] == 2  # later rounds follow the measured speeds: one or two shards
     assert rounds[-1].metrics["test_loss"] < rounds[0].metrics["test_loss"]
     assert rounds[-1].metrics["test_accuracy"] >= 0.85
     receipts = Receipt.objects.filter(unit__round__job=done, status=Receipt.Status.ACCEPTED)
