@@ -43,7 +43,8 @@ class EstimateView(APIView):
         price = money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True)
         return Response({
             "template": choice["template"], "hparams": plan.hparams, "rounds": choice["rounds"],
-            **plan.scheme.fields(), "flops": est.flops_total, "flops_per_round": est.flops_per_round, "hu": hu_str(est.hu),
+            **plan.scheme.fields(), "flops": est.flops_total, "flops_per_round": est.flops_per_round,
+            "hu": hu_str(est.hu),
             "price": _money(price), "price_per_hu": str(settings.MUNINN_PRICE_PER_HU),
             "peak_memory_bytes": est.peak_memory_bytes,
         })

@@ -98,7 +98,8 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
     rate = settings.MUNINN_PRICE_PER_HU
     return Quote.objects.create(
         customer=customer, dataset=dataset, template=template, hparams=plan.hparams, rounds=rounds,
-        base_weights=base_weights, aggregation=aggregation, **plan.scheme.fields(), flops=est.flops_total, price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
+        base_weights=base_weights, aggregation=aggregation, **plan.scheme.fields(), flops=est.flops_total,
+        price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
         expected_seconds=pricing.expected_wall_seconds(
