@@ -94,6 +94,9 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
     except pricing.TooBigForAnyTier as e:
         raise InvalidInput(f"This model is too big for any device: {e}.", code="too_big") from e
     devices = list(online_capacity(min_memory_bytes=est.peak_memory_bytes)) if online_capacity else []
+    samples_per_round = est.train_samples_per_round
+    if est.units_per_round:  # DiLoCo: the price counts the most units a round can have; the time, those online
+        samples_per_round = samples_per_round // est.units_per_round * min(est.units_per_round, max(1, len(devices)))
     now = now or timezone.now()
     rate = settings.MUNINN_PRICE_PER_HU
     return Quote.objects.create(
@@ -103,7 +106,7 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
         expected_seconds=pricing.expected_wall_seconds(
-            samples_per_round=est.train_samples_per_round, epochs=1, rounds=rounds,
+            samples_per_round=samples_per_round, epochs=1, rounds=rounds,
             device_speeds=[speed for _, speed in devices],
             round_overhead_seconds=settings.MUNINN_ROUND_OVERHEAD_SECONDS),
         expires_at=now + timedelta(seconds=settings.MUNINN_QUOTE_TTL_SECONDS),

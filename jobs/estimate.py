@@ -21,6 +21,7 @@ class Estimate:
     peak_memory_bytes: int
     forward_flops_per_sample: int = 0
     train_samples_per_round: int = 0  # the samples a round's training passes go over (at most, for DiLoCo)
+    units_per_round: int = 0  # DiLoCo: the most units a round can have, which the estimate pays for; FedAvg: 0
 
     @property
     def hu(self) -> Decimal:
@@ -37,6 +38,7 @@ def job_estimate(*, template: str, model_config: dict, hparams: dict, n_train: i
     it a ceiling however many devices turn up (the unused part of the hold is released at the end)."""
     per_sample = worker_flops.flops_per_sample(template, model_config, hparams["batch_size"])
     forward = worker_flops.forward_flops_per_sample(template, model_config, hparams["batch_size"])
+    units = 0
     if inner_steps is None:
         trained = worker_flops.train_samples(n_train, hparams["epochs"])
     else:
@@ -45,7 +47,7 @@ def job_estimate(*, template: str, model_config: dict, hparams: dict, n_train: i
                                                      inner_steps=inner_steps, batch_size=hparams["batch_size"])
     per_round = per_sample * trained + n_train * worker_flops.RECEIPT_PASSES * forward
     memory = worker_flops.peak_memory_bytes(template, model_config, hparams["batch_size"])
-    return Estimate(per_sample, per_round, per_round * rounds, memory, forward, trained)
+    return Estimate(per_sample, per_round, per_round * rounds, memory, forward, trained, units)
 
 
 def unit_flops(*, flops_per_sample: int, samples: int, epochs: int, forward_flops_per_sample: int = 0,

@@ -114,6 +114,18 @@ def test_diloco_estimate_pays_inner_steps_of_one_batch_for_the_most_units_a_roun
     assert jobs.unit_flops(job, 500) == 7 * batch * job.flops_per_sample + 2 * 500 * job.forward_flops_per_sample
 
 
+def test_diloco_quote_expects_the_time_of_the_devices_online_not_of_the_most_units(customer_api, digits_dataset,
+                                                                                  make_device, settings):
+    make_device("a"), make_device("b")  # 1,000 samples/s each
+
+    quote = customer_api.post("/api/quotes", {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 2,
+                                              "algorithm": "diloco", "inner_steps": 10,
+                                              "hparams": {"batch_size": 32}}, format="json").json()
+
+    # two units of 10 steps × 32 samples per round, side by side on 2,000 samples/s
+    assert quote["expected_seconds"] == pytest.approx(2 * (2 * 10 * 32 / 2000 + settings.MUNINN_ROUND_OVERHEAD_SECONDS))
+
+
 # --- The outer step on the site ------------------------------------------------------------------------
 
 def test_diloco_rounds_take_the_outer_step_and_carry_the_momentum(customer_api, digits_dataset, make_device):
