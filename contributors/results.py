@@ -6,7 +6,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from muninn_worker import codec, tensors, training
+from muninn_worker import tensors, training
 
 from billing import services as billing
 from jobs import services as jobs
