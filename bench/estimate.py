@@ -54,7 +54,7 @@ from jobs.models import Job, WorkUnit  # noqa: E402
 from muninn.celery import app as celery_app  # noqa: E402
 from tests.conftest import SimulatedDevice  # noqa: E402  (the suite's in-process device: real training, real API)
 
-# (rows of digits, hidden layers, epochs, rounds, devices, trouble)
+# (rows of digits, hidden layers, epochs, rounds, devices, trouble[, training algorithm settings])
 CASES = [
     (200, [32], 1, 2, 1, ""),
     (200, [128], 2, 3, 2, ""),
@@ -63,8 +63,12 @@ CASES = [
     (1797, [128], 2, 3, 3, ""),
     (1797, [128], 1, 4, 4, "rejected"),
     (1797, [512, 256], 1, 2, 2, "dropout"),
+    # DiLoCo pays inner_steps x batch per unit; the quote counts the most units a round can have (n_train // batch),
+    # so with a few devices most of it is released: the ceiling holds, the "used" share shows the padding.
+    (800, [64], 1, 3, 3, "", {"algorithm": "diloco", "inner_steps": 10, "update_encoding": "int8"}),
+    (1797, [128], 1, 2, 4, "dropout", {"algorithm": "diloco", "inner_steps": 20, "update_encoding": "fp16"}),
 ]
-QUICK = CASES[:3]
+QUICK = CASES[:3] + CASES[-2:]
 
 
 def digits_npz(rows: int) -> bytes:
@@ -116,13 +120,15 @@ def main() -> int:
     fleet = [SimulatedDevice(contributor, f"bench-device-{i}") for i in range(4)]
     from contributors.models import Device
 
-    header = (f"{'template':10} {'rows':>5} {'hidden':>11} {'ep':>2} {'rnd':>3} {'dev':>3} {'trouble':>8} "
+    header = (f"{'template':10} {'algorithm':>16} {'rows':>5} {'hidden':>11} {'ep':>2} {'rnd':>3} {'dev':>3} "
+              f"{'trouble':>8} "
               f"{'quoted HU':>18} {'charged HU':>18} {'quoted':>14} {'charged':>14} {'used':>6}")
     print(header)
     print("-" * len(header))
     used, overruns = [], []
     for template in zoo.TEMPLATES:
-        for rows, hidden, epochs, rounds, n_devices, trouble in (QUICK if options.quick else CASES):
+        for rows, hidden, epochs, rounds, n_devices, trouble, *training in (QUICK if options.quick else CASES):
+            training = training[0] if training else {}
             devices = fleet[:n_devices]
             Device.objects.update(is_active=False)  # only this case's devices are online
             Device.objects.filter(pk__in=[d.device.pk for d in devices]).update(is_active=True,
@@ -130,7 +136,8 @@ def main() -> int:
             dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=digits_npz(rows))
             try:
                 quote = services.quote_issue(customer=customer, dataset=dataset, template=template,
-                                             hparams={"hidden": hidden, "epochs": epochs}, rounds=rounds)
+                                             hparams={"hidden": hidden, "epochs": epochs}, rounds=rounds,
+                                             training=training)
             except Exception as e:  # a template this data set does not fit (e.g. images only)
                 print(f"{template:10} {rows:>5} skipped: {e}")
                 continue
@@ -141,7 +148,9 @@ def main() -> int:
             share = float(hu_charged / hu_quoted)
             used.append(share)
             overruns += [float((hu_charged - hu_quoted) / hu_quoted), (m["charged"] - quote.price) / quote.price]
-            print(f"{template:10} {rows:>5} {str(hidden):>11} {epochs:>2} {rounds:>3} {n_devices:>3} "
+            algorithm = (f"diloco H={training['inner_steps']} {training.get('update_encoding', 'fp32')}"
+                         if training else "fedavg")
+            print(f"{template:10} {algorithm:>16} {rows:>5} {str(hidden):>11} {epochs:>2} {rounds:>3} {n_devices:>3} "
                   f"{trouble or '-':>8} {hu_quoted:>18.15f} {hu_charged:>18.15f} "
                   f"{money.format_money(quote.price):>14} {money.format_money(m['charged']):>14} {share:>6.3f}",
                   flush=True)

@@ -9,7 +9,7 @@ from rest_framework.views import APIView
 from accounts.permissions import IsContributor, IsCustomer
 from jobs import selectors as job_selectors
 from jobs import services as job_services
-from jobs.api import JobDetailSerializer, parse_choice
+from jobs.api import TRAINING_FIELDS, JobDetailSerializer, parse_choice, training_choice
 from jobs.hu import hu_str
 
 from . import money, payments, payouts, pricing, selectors, services, stripe_gateway
@@ -37,12 +37,14 @@ class EstimateView(APIView):
         choice = parse_choice(request)
         dataset = job_selectors.dataset_get(owner=request.user, dataset_id=choice["dataset"])
         plan = job_services.job_plan(dataset=dataset, template=choice["template"], hparams=choice["hparams"],
-                                     rounds=choice["rounds"], base_weights=_base_weights(request, choice))
+                                     rounds=choice["rounds"], base_weights=_base_weights(request, choice),
+                                     training=training_choice(choice))
         est = plan.estimate
         price = money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True)
         return Response({
             "template": choice["template"], "hparams": plan.hparams, "rounds": choice["rounds"],
-            "flops": est.flops_total, "flops_per_round": est.flops_per_round, "hu": hu_str(est.hu),
+            **plan.scheme.fields(), "flops": est.flops_total, "flops_per_round": est.flops_per_round,
+            "hu": hu_str(est.hu),
             "price": _money(price), "price_per_hu": str(settings.MUNINN_PRICE_PER_HU),
             "peak_memory_bytes": est.peak_memory_bytes,
         })
@@ -52,7 +54,8 @@ def quote_body(quote: Quote) -> dict:
     tier = next(t for t in pricing.TIERS if t.name == quote.device_tier)
     return {
         "id": str(quote.pk), "expires_at": quote.expires_at, "dataset": quote.dataset_id, "template": quote.template,
-        "hparams": quote.hparams, "rounds": quote.rounds, "flops": quote.flops,
+        "hparams": quote.hparams, "rounds": quote.rounds, "aggregation": quote.aggregation,
+        **{name: getattr(quote, name) for name in TRAINING_FIELDS}, "flops": quote.flops,
         "hu": hu_str(money.flops_to_hu(quote.flops)), "price": _money(quote.price),
         "price_per_hu": str(quote.price_per_hu), "peak_memory_bytes": quote.peak_memory_bytes,
         "device_tier": {"name": tier.name, "memory_bytes": tier.memory_bytes, "description": tier.description},
@@ -76,7 +79,7 @@ class QuoteListView(APIView):
         quote = services.quote_issue(customer=request.user, dataset=dataset, template=choice["template"],
                                      hparams=choice["hparams"], rounds=choice["rounds"],
                                      base_weights=_base_weights(request, choice), aggregation=choice["aggregation"],
-                                     online_capacity=self.online_capacity)
+                                     training=training_choice(choice), online_capacity=self.online_capacity)
         return Response(quote_body(quote), status=201)
 
 

@@ -93,6 +93,12 @@ class Quote(models.Model):
     hparams = models.JSONField(default=dict)
     rounds = models.PositiveIntegerField()
     aggregation = models.CharField(max_length=16, default="fedavg")
+    # The training algorithm the job will be created with (see jobs.Job): part of what was priced.
+    algorithm = models.CharField(max_length=16, default="fedavg")
+    outer_lr = models.FloatField(null=True, blank=True)
+    outer_momentum = models.FloatField(null=True, blank=True)
+    inner_steps = models.PositiveIntegerField(null=True, blank=True)
+    update_encoding = models.CharField(max_length=8, default="fp32")
     flops = models.BigIntegerField()
     price = models.BigIntegerField()  # nanos, rounded up
     price_per_hu = models.DecimalField(max_digits=24, decimal_places=9)

@@ -81,12 +81,13 @@ def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None
 # --- Quotes ---------------------------------------------------------------------------------------
 
 def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int, base_weights=None,
-                aggregation: str = "fedavg", online_capacity: OnlineCapacity | None = None,
-                now: datetime | None = None) -> Quote:
+                aggregation: str = "fedavg", training: dict | None = None,
+                online_capacity: OnlineCapacity | None = None, now: datetime | None = None) -> Quote:
     """Price a job before it exists: HU and price (rounded up), the device tier its peak memory needs, and the
-    wall time the devices online now should take. Valid for MUNINN_QUOTE_TTL_SECONDS."""
+    wall time the devices online now should take. Valid for MUNINN_QUOTE_TTL_SECONDS. The quote keeps the
+    training algorithm's settings (`training`, see jobs.services.job_plan), which the job is created with."""
     plan = job_services.job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds,
-                                 base_weights=base_weights)
+                                 base_weights=base_weights, training=training)
     est = plan.estimate
     try:
         tier = pricing.device_tier(est.peak_memory_bytes)
@@ -94,15 +95,19 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         raise InvalidInput(f"This model is too big for any device: {e}.", code="too_big") from e
     devices = (list(online_capacity(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends))
                if online_capacity else [])
+    flops_per_round = est.flops_per_round
+    if est.units_per_round:  # DiLoCo: the price counts the most units a round can have; the time, those online
+        flops_per_round = flops_per_round // est.units_per_round * min(est.units_per_round, max(1, len(devices)))
     now = now or timezone.now()
     rate = settings.MUNINN_PRICE_PER_HU
     return Quote.objects.create(
         customer=customer, dataset=dataset, template=template, hparams=plan.hparams, rounds=rounds,
-        base_weights=base_weights, aggregation=aggregation, flops=est.flops_total, price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
+        base_weights=base_weights, aggregation=aggregation, **plan.scheme.fields(), flops=est.flops_total,
+        price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
         expected_seconds=pricing.expected_wall_seconds(
-            flops_per_round=est.flops_per_round, rounds=rounds, device_flops_per_s=[speed for _, speed in devices],
+            flops_per_round=flops_per_round, rounds=rounds, device_flops_per_s=[speed for _, speed in devices],
             round_overhead_seconds=settings.MUNINN_ROUND_OVERHEAD_SECONDS),
         expires_at=now + timedelta(seconds=settings.MUNINN_QUOTE_TTL_SECONDS),
     )
@@ -126,7 +131,7 @@ def quote_accept(*, customer, quote_id, now: datetime | None = None):
         _quote_usable(quote, now)
         job = job_services.job_create(owner=customer, dataset=quote.dataset, template=quote.template,
                                       hparams=quote.hparams, rounds=quote.rounds, base_weights=quote.base_weights,
-                                      aggregation=quote.aggregation)
+                                      aggregation=quote.aggregation, training=quote_training(quote))
         return job_services.job_start(job_id=job.pk, quote=str(quote.pk))
 
 
@@ -138,7 +143,8 @@ def _quote_for_start(*, job, quote_id, now: datetime) -> Quote:
         if quote is not None:
             return quote
         return quote_issue(customer=job.owner, dataset=job.dataset, template=job.template, hparams=job.hparams,
-                           rounds=job.rounds, base_weights=job.base_weights, aggregation=job.aggregation, now=now)
+                           rounds=job.rounds, base_weights=job.base_weights, aggregation=job.aggregation,
+                           training=job_services.job_scheme(job).fields(), now=now)
     try:
         quote = Quote.objects.select_for_update().filter(pk=quote_id, customer=job.owner).first()
     except ValidationError as e:  # not a UUID
@@ -148,11 +154,17 @@ def _quote_for_start(*, job, quote_id, now: datetime) -> Quote:
     if quote.job_id == job.pk:
         return quote
     _quote_usable(quote, now)
-    if (quote.dataset_id, quote.template, quote.rounds, quote.flops) != (job.dataset_id, job.template, job.rounds,
-                                                                         job.flops_estimated):
-        raise InvalidInput("The quote was for a different job (dataset, model, rounds or hyper-parameters).",
-                           code="quote_mismatch")
+    if ((quote.dataset_id, quote.template, quote.rounds, quote.flops, quote_training(quote))
+            != (job.dataset_id, job.template, job.rounds, job.flops_estimated, job_services.job_scheme(job).fields())):
+        raise InvalidInput("The quote was for a different job (dataset, model, rounds, hyper-parameters or "
+                           "training algorithm).", code="quote_mismatch")
     return quote
+
+
+def quote_training(quote: Quote) -> dict:
+    """The training algorithm's settings the quote priced, as jobs.services.job_plan takes them."""
+    return {name: getattr(quote, name) for name in ("algorithm", "outer_lr", "outer_momentum", "inner_steps",
+                                                    "update_encoding")}
 
 
 def hold_place(*, job, quote_id=None, now: datetime | None = None) -> Transaction:

@@ -72,6 +72,7 @@ def unit_payload(claim: services.Claim) -> dict:
         "lease_expires_at": unit.lease_expires_at.isoformat().replace("+00:00", "Z"),
         "lease_seconds": settings.MUNINN_LEASE_SECONDS,
         "template": job.template, "model_config": job.model_config,
+        "algorithm": job.algorithm, "encoding": job.update_encoding,
         "train": job_services.unit_train_spec(unit),
         "weights_sha256": unit.round.weights_sha256, "shard_sha256": unit.shard_sha256, "samples": unit.samples,
         "base_sha256": job.base_weights.sha256 if job.base_weights_id else None,

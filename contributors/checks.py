@@ -13,6 +13,7 @@ import binascii
 import torch
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from muninn_worker import codec
 
 
 class ResultRejected(ValueError):
@@ -65,6 +66,24 @@ def check_receipt(receipt: Mapping, *, expected: Expected, output_sha256: str) -
                              f"The receipt claims {receipt['samples']} samples; the unit's shard has {expected.samples}.")
     if receipt["finished_at"] < receipt["started_at"]:
         raise ResultRejected("receipt_bad_times", "The receipt finishes before it starts.")
+
+
+def max_update_bytes(weights_bytes: int) -> int:
+    """The most an update of weights this size may take, uploaded or inflated: twice the weights (a float32
+    delta with its header is about their size) plus slack for small models."""
+    return 2 * weights_bytes + 1_000_000
+
+
+def decode_update(data: bytes, reference: Mapping[str, torch.Tensor], encoding: str, *,
+                  max_inflated_bytes: int) -> dict[str, torch.Tensor]:
+    """The full state an uploaded update stands for (the global weights plus its delta), or the reason it is
+    not an update of these weights in this job's encoding."""
+    try:
+        return codec.decode_update(data, reference, encoding, max_inflated_bytes=max_inflated_bytes)
+    except codec.BadUpdate as e:
+        raise ResultRejected(e.code, f"The upload is not a {encoding} update of this round's weights: "
+                                     f"{e.message}. Send muninn_worker.codec.encode_update(trained, global, "
+                                     f"{encoding!r}).") from None
 
 
 def check_state(result: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> None:

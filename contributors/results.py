@@ -29,6 +29,11 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     """Check a device's result for a unit it holds; accept it (credited at once) or, when the device's
     reputation calls for it, hold it for re-execution (credited only if the re-execution agrees).
 
+    `weights` is the update as uploaded: the delta against the round's global weights in the job's encoding
+    (muninn_worker.codec). It is decoded before every check on the tensors, and the decoded full state is what
+    is stored for aggregation and re-execution (the unit's result_sha256); the receipt's output hash is over
+    the uploaded bytes.
+
     The signature is checked over `receipt_bytes`, the receipt JSON exactly as uploaded. A result that
     fails a check is refused with the reason (kept as a rejected receipt), counts against the device, earns
     nothing, and its unit goes back to the queue for another device. Posting a live result again (a client
@@ -42,7 +47,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     try:
         unit, lease = services.leased_unit(device=device, unit_id=unit_id)
         reference_bytes = storage.blob_get(unit.round.weights_sha256)
-        if len(weights) > 2 * len(reference_bytes) + 1_000_000 or len(weights) > max_bytes:
+        if len(weights) > checks.max_update_bytes(len(reference_bytes)) or len(weights) > max_bytes:
             raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are "
                            f"{len(reference_bytes):,}.")
     except (Conflict, NotFound, TooLarge) as e:
@@ -50,9 +55,9 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
                                    reason=f"result for unit {unit_id}: {e.code}: {e.message}"[:500])
         raise
     try:
-        evidence = _check(device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
-                          reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes,
-                          signature=signature)
+        evidence, state = _check(device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
+                                 reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes,
+                                 signature=signature)
     except ResultRejected as e:
         Receipt.objects.create(unit=unit, device=device, lease=lease, status=Receipt.Status.REJECTED,
                                reason=f"{e.code}: {e.message}"[:500], payload=_jsonable(receipt),
@@ -62,7 +67,8 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         log.warning("device %s unit %s rejected: %s", device.pk, unit.pk, e.message)
         raise InvalidInput(e.message, code=e.code) from None
 
-    storage.blob_put(weights)
+    storage.blob_put(weights)  # the upload as sent, which the receipt's output hash names
+    state_sha = storage.blob_put(tensors.state_dict_to_bytes(state))
     draw = reputation.draw(settings.SECRET_KEY, unit.pk, str(lease.token))
     suspicious = "same_bytes_as_receipt" in evidence or "implausibly_fast" in evidence
     verify = suspicious or reputation.should_reexecute(device.verified_streak, draw)
@@ -70,7 +76,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
                "train_seconds": receipt["train_seconds"], "update_norm": evidence["update_norm"]}
     with transaction.atomic():
-        unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=output_sha,
+        unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=state_sha,
                                                 samples=receipt["samples"], metrics=metrics, verify=verify)
         stored = Receipt.objects.create(
             unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
@@ -96,7 +102,7 @@ def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
     """Verified work: charge it to the customer's hold and credit the contributor; the device gains trust."""
     billing.unit_charge(unit=unit, contributor=receipt.device.owner)
     services.device_record_success(device=receipt.device, seconds=receipt.train_seconds or 0.0, flops=unit.flops,
-                                   work_samples=receipt.samples * unit.round.job.hparams["epochs"])
+                                   work_samples=jobs.unit_work_samples(unit))
 
 
 def aggregate_on_commit(round_id: int) -> None:
@@ -106,8 +112,8 @@ def aggregate_on_commit(round_id: int) -> None:
 
 
 def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, output_sha: str, reference_bytes: bytes,
-           receipt: dict, receipt_bytes: bytes, signature: str) -> dict:
-    """Every cheap check, cheapest first. Returns the evidence kept on the receipt."""
+           receipt: dict, receipt_bytes: bytes, signature: str) -> tuple[dict, dict]:
+    """Every cheap check, cheapest first. Returns the evidence kept on the receipt and the decoded state."""
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples), output_sha256=output_sha)
@@ -118,11 +124,9 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
     # Re-execution decides; the newcomer is never refused on the other device's word.
     collision = live.values_list("id", flat=True).first()
-    try:
-        state = tensors.bytes_to_state_dict(weights)
-    except ValueError as e:
-        raise ResultRejected("not_safetensors", f"The weights are not a safetensors file: {e}") from e
     reference = tensors.bytes_to_state_dict(reference_bytes)
+    state = checks.decode_update(weights, reference, unit.round.job.update_encoding,
+                                 max_inflated_bytes=checks.max_update_bytes(len(reference_bytes)))
     checks.check_state(state, reference)
     norm = checks.update_norm(state, reference)
     bound = checks.norm_bound([u.result_metrics.get("update_norm", 0.0) for u in WorkUnit.objects.filter(
@@ -134,7 +138,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     # device's verified units count as its record.
     record = device.samples_per_s if device.verified_total >= SPEED_RECORD_UNITS else 0.0
     fast = checks.implausibly_fast(train_seconds=receipt["train_seconds"], device_speed=record,
-                                   work_samples=receipt["samples"] * unit.round.job.hparams["epochs"])
+                                   work_samples=jobs.unit_work_samples(unit))
     before, after = _shard_losses(unit, reference, state)
     checks.check_shard_loss(before, after)
     evidence = {"update_norm": norm, "norm_bound": bound, "shard_loss_before": before, "shard_loss_after": after,
@@ -143,7 +147,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
         evidence["same_bytes_as_receipt"] = collision
     if fast:
         evidence["implausibly_fast"] = True
-    return evidence
+    return evidence, state
 
 
 def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, float]:

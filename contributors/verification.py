@@ -11,7 +11,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from muninn_worker import tensors, training
+from muninn_worker import codec, tensors, training
 
 from jobs import services as jobs
 from jobs import storage
@@ -38,6 +38,8 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
     reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
     X, y = jobs.load_xy(unit.shard_sha256)
     recomputed = training.train_local(jobs.job_model(job, reference), X, y, **jobs.unit_train_spec(unit)).state_dict
+    # Through the same encoding as the upload: an honest int8 result is compared with what honest int8 gives.
+    recomputed = codec.roundtrip(recomputed, reference, job.update_encoding)
     submitted = tensors.bytes_to_state_dict(storage.blob_get(unit.result_sha256))
     distance = checks.reexecution_distance(submitted, recomputed, reference)
 

@@ -79,7 +79,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "dataset", "base_weights", "template", "hparams", "model_config", "algorithm",
-                  "aggregation", "backends", "rounds", "rounds_done",
+                  "outer_lr", "outer_momentum", "inner_steps", "update_encoding", "aggregation", "backends", "rounds",
+                  "rounds_done",
                   "seed", "status", "flops_estimated", "hu_estimated", "peak_memory_bytes", "n_train", "n_test",
                   "current_round", "metrics", "error", "created_at", "started_at", "finished_at"]
 
@@ -115,6 +116,12 @@ class JobCreateSerializer(serializers.Serializer):
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
     aggregation = serializers.ChoiceField(choices=Job.Aggregation.choices, required=False,
                                           default=Job.Aggregation.FEDAVG)
+    # The training algorithm (jobs.algorithms checks the values and fills in DiLoCo's defaults).
+    algorithm = serializers.ChoiceField(choices=Job.Algorithm.choices, required=False, default=Job.Algorithm.FEDAVG)
+    outer_lr = serializers.FloatField(required=False, allow_null=True, default=None)
+    outer_momentum = serializers.FloatField(required=False, allow_null=True, default=None)
+    inner_steps = serializers.IntegerField(required=False, allow_null=True, default=None)
+    update_encoding = serializers.ChoiceField(choices=Job.Encoding.choices, required=False, default=Job.Encoding.FP32)
     start = serializers.BooleanField(required=False, default=False)
     quote = serializers.UUIDField(required=False)  # the quote accepted when the job starts (see /api/quotes)
 
@@ -137,7 +144,7 @@ class JobListView(APIView):
         with transaction.atomic():  # a start that is refused (balance, quote) leaves no job behind
             job = services.job_create(owner=request.user, dataset=dataset, template=v["template"],
                                       hparams=v["hparams"], rounds=v["rounds"], seed=v.get("seed"),
-                                      aggregation=v["aggregation"], base_weights=base)
+                                      aggregation=v["aggregation"], base_weights=base, training=training_choice(v))
             if v["start"]:
                 job = services.job_start(job_id=job.pk, quote=quote)
         return Response(JobDetailSerializer(job).data, status=201)
@@ -211,6 +218,14 @@ class TemplateListView(APIView):
 
     def get(self, request):
         return Response([t.describe() for t in zoo.TEMPLATES.values()])
+
+
+TRAINING_FIELDS = ("algorithm", "outer_lr", "outer_momentum", "inner_steps", "update_encoding")
+
+
+def training_choice(choice: dict) -> dict:
+    """The algorithm settings of a validated job choice, as job_plan/job_create take them."""
+    return {name: choice.get(name) for name in TRAINING_FIELDS}
 
 
 def parse_choice(request) -> dict:

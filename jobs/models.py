@@ -46,6 +46,14 @@ class Job(models.Model):
 
     class Algorithm(models.TextChoices):
         FEDAVG = "fedavg", "FedAvg"
+        DILOCO = "diloco", "DiLoCo (outer Nesterov step on the averaged change)"
+
+    class Encoding(models.TextChoices):
+        """How a device uploads its update: the delta against the round's global weights, in this format."""
+
+        FP32 = "fp32", "float32 delta"
+        FP16 = "fp16", "float16 delta"
+        INT8 = "int8", "int8 delta, one scale per tensor"
 
     class Aggregation(models.TextChoices):
         """How the round's updates are combined (robust rules resist a share of malicious devices)."""
@@ -69,6 +77,14 @@ class Job(models.Model):
     # Where its units train ("cpu", or "cuda" for GPU-tier templates), comma-separated: a device is leased a
     # unit only when it offers one of these backends with `peak_memory_bytes` of memory on it.
     backends = models.CharField(max_length=32, default="cpu")
+    # DiLoCo only (null for FedAvg): the outer Nesterov step's learning rate and momentum, and the local
+    # optimizer steps each unit trains (instead of `epochs`).
+    outer_lr = models.FloatField(null=True, blank=True)
+    outer_momentum = models.FloatField(null=True, blank=True)
+    inner_steps = models.PositiveIntegerField(null=True, blank=True)
+    update_encoding = models.CharField(max_length=8, choices=Encoding.choices, default=Encoding.FP32)
+    # DiLoCo's outer momentum buffers after the last closed round (a content-addressed blob; blank before it).
+    outer_momentum_sha256 = models.CharField(max_length=64, blank=True)
     rounds = models.PositiveIntegerField()
     seed = models.BigIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CREATED, db_index=True)
@@ -155,7 +171,8 @@ class WorkUnit(models.Model):
     shard_stop = models.PositiveIntegerField()
     shard_sha256 = models.CharField(max_length=64)
     seed = models.BigIntegerField()
-    flops = models.BigIntegerField()  # samples × (flops_per_sample × epochs + 2 × forward_flops_per_sample)
+    # flops_per_sample × (samples × epochs, or DiLoCo's inner_steps × batch) + 2 × samples × forward FLOPs
+    flops = models.BigIntegerField()
     min_memory_bytes = models.BigIntegerField(default=0)
     expected_seconds = models.FloatField(default=0.0)  # flops / the planned device's FLOP/s; 0: no estimate
     # A straggler's shard issued again: the first valid result of the two is accepted, the other cancelled.

@@ -13,11 +13,12 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, F, Q, When
 from django.utils import timezone
+from muninn_worker import flops as worker_flops
 from muninn_worker import tensors, training, zoo
 
 from muninn.errors import Conflict, InvalidInput, TooLarge
 
-from . import datasets, deadlines, estimate, preparation, robust, storage
+from . import algorithms, datasets, deadlines, estimate, preparation, robust, storage
 from .models import Dataset, Job, Round, WorkUnit
 from .sharding import plan_shards
 from .signals import job_ended, job_started
@@ -76,6 +77,7 @@ class JobPlan:
     estimate: estimate.Estimate
     base_weights: Dataset | None = None
     backends: tuple[str, ...] = ("cpu",)
+    scheme: algorithms.Scheme = algorithms.Scheme()
 
 
 def template_backends(template: str) -> tuple[str, ...]:
@@ -85,13 +87,19 @@ def template_backends(template: str) -> tuple[str, ...]:
 
 
 def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int,
-             base_weights: Dataset | None = None) -> JobPlan:
+             base_weights: Dataset | None = None, training: dict | None = None) -> JobPlan:
     """Validate a customer's choice and count its work, writing nothing (the estimate shown before paying).
 
     The model_config comes from the template and the dataset's profile; `base_weights` (a "weights" dataset
-    of the same owner) is required by templates that fine-tune uploaded weights (lora) and refused by others."""
+    of the same owner) is required by templates that fine-tune uploaded weights (lora) and refused by others.
+    `training` holds the algorithm settings (algorithm, outer_lr, outer_momentum, inner_steps, update_encoding;
+    see jobs.algorithms); missing ones take their defaults."""
     if not 1 <= rounds <= settings.MUNINN_MAX_ROUNDS:
         raise InvalidInput(f"rounds must be between 1 and {settings.MUNINN_MAX_ROUNDS}.", code="bad_rounds")
+    try:
+        scheme = algorithms.scheme(**(training or {}))
+    except algorithms.InvalidScheme as e:
+        raise InvalidInput(str(e), code="bad_algorithm", detail={"field": e.field}) from e
     try:
         spec = zoo.get_template(template)
         hp = zoo.validate_hparams(template, hparams or {})
@@ -127,15 +135,16 @@ def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int,
                            code="too_few_rows")
     train_idx, _ = datasets.split_holdout(rows, seed=0)  # the split's sizes do not depend on the seed
     est = estimate.job_estimate(template=template, model_config=model_config, hparams=hp,
-                                n_train=len(train_idx), rounds=rounds)
-    return JobPlan(hp, model_config, est, base_weights, template_backends(template))
+                                n_train=len(train_idx), rounds=rounds, inner_steps=scheme.inner_steps)
+    return JobPlan(hp, model_config, est, base_weights, template_backends(template), scheme)
 
 
 def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds: int,
                seed: int | None = None, base_weights: Dataset | None = None,
-               aggregation: str = Job.Aggregation.FEDAVG) -> Job:
-    """Plan the job, split the data once (fixed seed), and make the initial model."""
-    plan = job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds, base_weights=base_weights)
+               aggregation: str = Job.Aggregation.FEDAVG, training: dict | None = None) -> Job:
+    """Plan the job, split the data once (fixed seed), and make the initial model. `training`: see job_plan."""
+    plan = job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds, base_weights=base_weights,
+                    training=training)
     seed = secrets.randbelow(2**31) if seed is None else seed
     try:
         X, y, metadata = _load_samples(dataset, plan.model_config)
@@ -151,6 +160,7 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
         return Job.objects.create(
             owner=owner, dataset=dataset, template=template, hparams=plan.hparams, model_config=plan.model_config,
             base_weights=base_weights, aggregation=aggregation, backends=",".join(plan.backends),
+            **plan.scheme.fields(),
             rounds=rounds, seed=seed, flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
             forward_flops_per_sample=est.forward_flops_per_sample,
             peak_memory_bytes=est.peak_memory_bytes,
@@ -232,9 +242,7 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
         now = timezone.now()
         units = []
         for i, shard in enumerate(shards):
-            flops = estimate.unit_flops(flops_per_sample=job.flops_per_sample, samples=shard.stop - shard.start,
-                                        epochs=job.hparams["epochs"],
-                                        forward_flops_per_sample=job.forward_flops_per_sample)
+            flops = unit_flops(job, shard.stop - shard.start)
             units.append(WorkUnit(
                 index=i, shard_start=shard.start, shard_stop=shard.stop,
                 shard_sha256=storage.blob_put(_xy_bytes(X[shard.start:shard.stop], y[shard.start:shard.stop])),
@@ -258,9 +266,11 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
 
 
 def round_aggregate(*, round_id: int) -> Round:
-    """FedAvg the round's accepted results (weighted by samples), evaluate on the held-out split, close the
-    round, and finish the job after its last round. Idempotent: a closed round is returned untouched; a
-    round with no accepted result yet is left open."""
+    """Combine the round's accepted results with the job's aggregation rule (FedAvg: weighted by samples);
+    for DiLoCo, take the outer Nesterov step towards that and keep the momentum buffers; evaluate on the
+    held-out split, close the round, and finish the job after its last round. Idempotent: a closed round is
+    returned untouched (the weights and the momentum move in the transaction that closes it, so a re-run never
+    applies them twice); a round with no accepted result yet is left open."""
     with transaction.atomic():
         rnd = Round.objects.select_for_update().get(pk=round_id)
         job = Job.objects.select_for_update().get(pk=rnd.job_id)
@@ -272,8 +282,13 @@ def round_aggregate(*, round_id: int) -> Round:
         states = [tensors.bytes_to_state_dict(storage.blob_get(u.result_sha256)) for u in accepted]
         samples = [u.result_samples for u in accepted]
         global_state = tensors.bytes_to_state_dict(storage.blob_get(rnd.weights_sha256))
-        new_state = _combine(job, states, samples, global_state)
+        combined = _combine(job, states, samples, global_state)
+        momentum = (tensors.bytes_to_state_dict(storage.blob_get(job.outer_momentum_sha256))
+                    if job.outer_momentum_sha256 else None)
+        new_state, new_momentum = algorithms.next_global(job_scheme(job), global_state, combined, momentum)
         rnd.result_sha256 = storage.blob_put(tensors.state_dict_to_bytes(new_state))
+        if new_momentum is not None:
+            job.outer_momentum_sha256 = storage.blob_put(tensors.state_dict_to_bytes(new_momentum))
 
         evaluation = _evaluate(job, new_state)
         rnd.metrics = {
@@ -289,7 +304,7 @@ def round_aggregate(*, round_id: int) -> Round:
         rnd.save()
         job.global_weights_sha256 = rnd.result_sha256
         job.metrics = {**job.metrics, **rnd.metrics, "round": rnd.number}
-        job.save(update_fields=["global_weights_sha256", "metrics"])
+        job.save(update_fields=["global_weights_sha256", "outer_momentum_sha256", "metrics"])
         if rnd.number >= job.rounds:
             _job_end(job, Job.Status.SUCCEEDED)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
@@ -304,13 +319,33 @@ def _combine(job: Job, states: list, samples: list[int], global_state: dict) -> 
     return robust.aggregate(rule, states, samples, global_state)
 
 
+def job_scheme(job: Job) -> algorithms.Scheme:
+    return algorithms.Scheme(job.algorithm, job.outer_lr, job.outer_momentum, job.inner_steps, job.update_encoding)
+
+
 def unit_train_spec(unit: WorkUnit) -> dict:
     """How a unit is trained: the arguments of `training.train_local`, the same for the device that does
-    the work and for the validator that re-executes it."""
-    hp = unit.round.job.hparams
+    the work and for the validator that re-executes it (DiLoCo: `inner_steps` steps instead of epochs)."""
+    job = unit.round.job
+    hp = job.hparams
     return {"epochs": hp["epochs"], "batch_size": hp["batch_size"], "lr": hp["lr"],
             "momentum": hp.get("momentum", 0.0), "seed": unit.seed,
-            "optimizer": zoo.get_template(unit.round.job.template).optimizer}
+            "optimizer": zoo.get_template(job.template).optimizer, "inner_steps": job.inner_steps}
+
+
+def unit_flops(job: Job, samples: int) -> int:
+    """A unit's FLOPs, as the estimate counts them: its training passes and the receipt's two evaluations."""
+    return estimate.unit_flops(flops_per_sample=job.flops_per_sample, samples=samples, epochs=job.hparams["epochs"],
+                               forward_flops_per_sample=job.forward_flops_per_sample, inner_steps=job.inner_steps,
+                               batch_size=job.hparams["batch_size"])
+
+
+def unit_work_samples(unit: WorkUnit) -> int:
+    """The samples a unit's training passes over (its shard × epochs, or DiLoCo's inner_steps × batch): what a
+    device's speed is measured against."""
+    job = unit.round.job
+    return worker_flops.train_samples(unit.samples, job.hparams["epochs"], inner_steps=job.inner_steps,
+                                      batch_size=job.hparams["batch_size"])
 
 
 def job_model(job: Job, state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -514,6 +549,8 @@ def unit_release(*, unit_id: int, lease_token: uuid.UUID) -> bool:
 def unit_reject(*, unit_id: int) -> WorkUnit:
     """A re-execution disagreed: drop the result and queue the unit again, open to any device."""
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
+    if unit.status == WorkUnit.Status.CANCELLED:  # its shard's other copy was accepted meanwhile: nothing to redo
+        return unit
     if unit.status != WorkUnit.Status.VERIFYING:
         raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
     unit.status, unit.submitted_at = WorkUnit.Status.QUEUED, None

@@ -10,7 +10,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 from django.utils import timezone
-from muninn_worker import signing, tensors, training, zoo
+from muninn_worker import codec, signing, tensors, training, zoo
 from rest_framework.test import APIClient
 from sklearn.datasets import load_digits
 
@@ -93,7 +93,7 @@ class SimulatedDevice:
         xy = tensors.bytes_to_state_dict(shard)
         started = datetime.now(UTC)
         result = training.train_local(model, xy["X"], xy["y"], **unit["train"])
-        out = tensors.state_dict_to_bytes(result.state_dict)
+        out = codec.encode_update(result.state_dict, tensors.bytes_to_state_dict(weights), unit["encoding"])
         receipt = {
             "unit": unit["id"], "weights_sha256": tensors.sha256_hex(weights), "shard_sha256": tensors.sha256_hex(shard),
             "output_sha256": tensors.sha256_hex(out), "samples": result.samples, "steps": result.steps,
@@ -101,6 +101,20 @@ class SimulatedDevice:
             "finished_at": datetime.now(UTC).isoformat(), "train_seconds": result.train_seconds,
         }
         return out, receipt
+
+    def global_state(self, unit: dict) -> dict:
+        return tensors.bytes_to_state_dict(
+            b"".join(self.client.get(f"/api/worker/units/{unit['id']}/weights").streaming_content))
+
+    def upload_of(self, unit: dict, state: dict, receipt: dict) -> tuple[bytes, dict]:
+        """`state` (a full state, e.g. trained and then changed) as the unit's encoded upload, with the receipt
+        naming those bytes: how a cheating device would send it."""
+        data = codec.encode_update(state, self.global_state(unit), unit["encoding"])
+        return data, {**receipt, "output_sha256": tensors.sha256_hex(data)}
+
+    def decoded(self, unit: dict, data: bytes) -> dict:
+        """The full state an upload stands for, as the site decodes it."""
+        return codec.decode_update(data, self.global_state(unit), unit["encoding"])
 
     def submit(self, unit_id: int, weights: bytes, receipt: dict, *, signature: str | None = None):
         body = json.dumps(receipt)

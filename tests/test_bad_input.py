@@ -7,7 +7,9 @@ import pickle
 
 import pytest
 import torch
-from muninn_worker import signing, tensors
+import zlib
+
+from muninn_worker import codec, signing, tensors
 
 from billing.models import Entry, Transaction
 from contributors.models import Receipt
@@ -103,10 +105,11 @@ def test_result_for_someone_elses_unit_is_refused(leased, make_device):
     assert "not leased to this device" in intruder.device.events.get(kind="refused").reason
 
 
-def _with(leased, state_change) -> tuple[bytes, dict]:
-    state = tensors.bytes_to_state_dict(leased["weights"])
-    state_change(state)
-    data = tensors.state_dict_to_bytes(state)
+def _with(leased, encoded_change) -> tuple[bytes, dict]:
+    """The honest upload with its encoded tensors changed (a broken or lying client), and a matching receipt."""
+    encoded = codec.unpack(leased["weights"])
+    encoded_change(encoded)
+    data = codec.pack(encoded, leased["unit"]["encoding"])
     return data, {**leased["receipt"], "output_sha256": tensors.sha256_hex(data)}
 
 
@@ -140,6 +143,34 @@ def test_pickle_posing_as_weights_is_refused(leased):
 
     assert response.status_code == 400
     assert error_of(response)["code"] == "not_safetensors"
+    assert_nothing_changed(leased)
+
+
+@pytest.mark.parametrize("make_upload, code", [
+    (lambda leased: zlib.compress(bytes(64 << 20)), "too_large"),  # a deflate bomb: inflates far past the weights
+    (lambda leased: zlib.compress(leased["weights"])[:-20], "not_safetensors"),  # truncated
+    (lambda leased: zlib.compress(pickle.dumps({"w": torch.zeros(2)})), "not_safetensors"),  # a deflated pickle
+])
+def test_malformed_or_oversize_encoded_update_is_refused(leased, make_upload, code):
+    data = make_upload(leased)
+    receipt = {**leased["receipt"], "output_sha256": tensors.sha256_hex(data)}
+
+    response = leased["device"].submit(leased["unit"]["id"], data, receipt)
+
+    assert response.status_code == 400
+    assert error_of(response)["code"] == code
+    assert_nothing_changed(leased)
+
+
+def test_update_in_another_encoding_than_the_jobs_is_refused(leased):
+    trained = leased["device"].decoded(leased["unit"], leased["weights"])
+    data = codec.encode_update(trained, leased["device"].global_state(leased["unit"]), "int8")  # the job says fp32
+    receipt = {**leased["receipt"], "output_sha256": tensors.sha256_hex(data)}
+
+    response = leased["device"].submit(leased["unit"]["id"], data, receipt)
+
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "wrong_dtype" and "fp32 update" in error_of(response)["message"]
     assert_nothing_changed(leased)
 
 

@@ -156,3 +156,36 @@ def test_worker_client_killed_mid_unit_hands_its_unit_to_another_device(stack, m
     assert ledger.ledger_total() == 0
     job_money = ledger.job_money(job=Job.objects.get(pk=job["id"]))
     assert job_money["charged"] <= job_money["quoted"] and job_money["held"] == 0
+
+
+def test_diloco_int8_job_runs_end_to_end_over_http_with_real_processes(stack, market):
+    customer, contributor = market
+    url = stack.web(free_port())
+    stack.celery_worker()
+    configs = {name: stack.register_device(url, accounts.token_for(user=contributor), name)
+               for name in ("device-1", "device-2")}
+    started = timezone.now()
+    for name, config in configs.items():
+        stack.worker_client(name, config, "--threads", "1", "--poll-interval", "0.2")
+    wait_until_polling(list(configs), started)
+    api = customer_session(customer)
+
+    dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
+    job = api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 3, "seed": 11,
+                                            "hparams": {"hidden": [32]}, "algorithm": "diloco", "inner_steps": 20,
+                                            "update_encoding": "int8", "start": True}).json()
+    job = wait_until_ended(api, url, job)
+    logs = "\n".join(f"--- {n}\n{stack.log(n)[-3000:]}" for n in ("web", "celery-worker", "device-1", "device-2"))
+
+    assert job["status"] == "succeeded", logs
+    assert (job["algorithm"], job["inner_steps"], job["update_encoding"]) == ("diloco", 20, "int8")
+    losses = [r["metrics"]["test_loss"] for r in job["round_list"]]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    assert "(int8 update)" in stack.log("device-1") + stack.log("device-2")
+    done = Job.objects.get(pk=job["id"])
+    assert done.outer_momentum_sha256
+    receipts = Receipt.objects.filter(unit__round__job=done, status="accepted")
+    assert {r.steps for r in receipts} == {20} and len({r.device_id for r in receipts}) == 2
+    assert ledger.ledger_total() == 0
+    job_money = ledger.job_money(job=done)
+    assert 0 < job_money["charged"] <= job_money["quoted"] and job_money["held"] == 0

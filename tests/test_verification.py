@@ -16,12 +16,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def cheat(device, unit: dict, change) -> object:
-    """Train honestly, then change the weights, and submit them with a self-consistent signed receipt."""
+    """Train honestly, then change the weights, and submit them (encoded as the job says) with a self-consistent
+    signed receipt."""
     weights, receipt = device.train(unit)
-    state = tensors.bytes_to_state_dict(weights)
+    state = device.decoded(unit, weights)
     change(state)
-    data = tensors.state_dict_to_bytes(state)
-    return device.submit(unit["id"], data, {**receipt, "output_sha256": tensors.sha256_hex(data)})
+    return device.submit(unit["id"], *device.upload_of(unit, state, receipt))
 
 
 def test_new_devices_work_is_reexecuted_and_only_then_credited(customer_api, digits_dataset, make_device):
@@ -48,7 +48,7 @@ def test_work_that_was_not_done_as_claimed_fails_reexecution_and_earns_nothing(c
 
     # trains on the first half of the shard only, but claims all of it
     weights, receipt = cheater.train({**unit})
-    x = tensors.bytes_to_state_dict(weights)
+    x = cheater.decoded(unit, weights)
     response = cheat(cheater, unit, lambda s: s.update({k: (x[k] + s[k]) / 2 if v.is_floating_point() else v
                                                         for k, v in s.items()}) or _perturb(s))
 

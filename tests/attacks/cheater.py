@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from muninn_worker import signing, tensors, training, zoo
+from muninn_worker import codec, signing, tensors, training, zoo
 from muninn_worker.api import ApiClient, ApiError
 from muninn_worker.config import load_config
 from muninn_worker.receipt import build_receipt
@@ -61,13 +61,13 @@ class Cheater:
         except ApiError as exc:
             log.info("unit %s refused: %s %s", target, exc.code, exc.message)
         if self.previous_output is None:
-            self.previous_output = tensors.state_dict_to_bytes(result.state_dict)
+            self.previous_output = codec.encode_update(result.state_dict, glob, unit["encoding"])
 
     def tamper(self, unit: dict, glob: dict, state: dict, glob_bytes: bytes) -> bytes:
         floating = [k for k, v in glob.items() if v.is_floating_point()]
-        s = self.strategy
+        s, encoding = self.strategy, unit["encoding"]
         if s == "no_training":
-            return glob_bytes
+            return codec.encode_update(glob, glob, encoding)
         if s == "random_noise":
             state = {k: torch.randn_like(v) if k in floating else v for k, v in state.items()}
         elif s == "scaled":
@@ -80,14 +80,15 @@ class Cheater:
             first = floating[-1]
             state[first] = state[first].clone()
             state[first].view(-1)[0] = float("nan")
-        elif s == "wrong_shape":
-            first = floating[-1]
-            state[first] = torch.zeros(3, 3)
+        elif s == "wrong_shape":  # a delta of another shape than the weights it claims to update
+            encoded = codec.unpack(codec.encode_update(state, glob, encoding))
+            encoded[floating[-1]] = torch.zeros(3, 3, dtype=encoded[floating[-1]].dtype)
+            return codec.pack(encoded, encoding)
         elif s == "oversized":
-            return tensors.state_dict_to_bytes(state) + bytes(8 << 20)
+            return codec.encode_update(state, glob, encoding) + bytes(8 << 20)
         elif s == "pickle":
             return pickle.dumps({k: v.numpy() for k, v in state.items()})
-        return tensors.state_dict_to_bytes(state)
+        return codec.encode_update(state, glob, encoding)
 
 
 def main() -> int:

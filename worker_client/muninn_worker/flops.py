@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from muninn_worker import tasks
 from muninn_worker.zoo import build_model, get_template
 
-__all__ = ["flops_per_sample", "forward_flops_per_sample", "unit_flops", "peak_memory_bytes"]
+__all__ = ["flops_per_sample", "forward_flops_per_sample", "unit_flops", "train_samples", "peak_memory_bytes"]
 
 
 def flops_per_sample(template: str, model_config: dict, batch_size: int) -> int:
@@ -54,12 +54,26 @@ def forward_flops_per_sample(template: str, model_config: dict, batch_size: int)
 RECEIPT_PASSES = 2
 
 
-def unit_flops(flops_per_sample: int, samples: int, epochs: int, forward_flops_per_sample: int = 0) -> int:
+def unit_flops(flops_per_sample: int, samples: int, epochs: int, forward_flops_per_sample: int = 0, *,
+               inner_steps: int | None = None, batch_size: int | None = None) -> int:
     """FLOPs of a work unit: every sample of the shard, once per local epoch, plus (when given the forward
-    FLOPs per sample) the receipt's two evaluation passes over the shard, which the device also computes."""
+    FLOPs per sample) the receipt's two evaluation passes over the shard, which the device also computes.
+
+    DiLoCo units train `inner_steps` steps of min(batch_size, samples) samples each instead of epochs (see
+    `training.train_local`)."""
     if min(flops_per_sample, samples, epochs, forward_flops_per_sample) < 0:
         raise ValueError("flops_per_sample, samples, epochs and forward_flops_per_sample must not be negative")
-    return int(samples) * (int(flops_per_sample) * int(epochs) + RECEIPT_PASSES * int(forward_flops_per_sample))
+    return (int(flops_per_sample) * train_samples(samples, epochs, inner_steps=inner_steps, batch_size=batch_size)
+            + int(samples) * RECEIPT_PASSES * int(forward_flops_per_sample))
+
+
+def train_samples(samples: int, epochs: int, *, inner_steps: int | None = None, batch_size: int | None = None) -> int:
+    """Samples a unit's training passes over: samples × epochs, or (DiLoCo) inner_steps × its batch."""
+    if inner_steps is None:
+        return int(samples) * int(epochs)
+    if batch_size is None or batch_size < 1 or inner_steps < 1:
+        raise ValueError("inner_steps needs a positive batch_size and at least one step")
+    return int(inner_steps) * min(int(batch_size), int(samples))
 
 
 def peak_memory_bytes(template: str, model_config: dict, batch_size: int) -> int:

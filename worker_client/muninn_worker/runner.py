@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from muninn_worker import codec
 from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import ContentCache
 from muninn_worker.receipt import build_receipt, utc_now_iso
-from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
+from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
 from muninn_worker.training import TrainResult, train_local
 from muninn_worker.zoo import build_model, get_template, load_base
 
@@ -121,7 +122,7 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
             base = _download_base(client, spec, cache)
             result = _train(spec, weights, shard, heartbeat, base)
             heartbeat.check()
-            answer = _upload(client, spec, unit, result)
+            answer = _upload(client, spec, unit, result, bytes_to_state_dict(weights))
         _record(answer, spec.id, stats)
         return True
     except KeyboardInterrupt:
@@ -184,18 +185,22 @@ def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat,
 
     spec.started_at = utc_now_iso()
     result = train_local(model, X, y, epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
-                         momentum=spec.momentum, seed=spec.seed, optimizer=spec.optimizer, progress=progress)
+                         momentum=spec.momentum, seed=spec.seed, optimizer=spec.optimizer,
+                         inner_steps=spec.inner_steps, progress=progress)
     spec.finished_at = utc_now_iso()
     log.info("unit %s: trained %d steps in %.2f s, loss %.4f → %.4f",
              spec.id, result.steps, result.train_seconds, result.loss_before, result.loss_after)
     return result
 
 
-def _upload(client: ApiClient, spec: _UnitSpec, unit: dict, result: TrainResult) -> dict:
-    payload = state_dict_to_bytes(result.state_dict)
+def _upload(client: ApiClient, spec: _UnitSpec, unit: dict, result: TrainResult,
+            global_state: dict[str, torch.Tensor]) -> dict:
+    """The update travels as its delta against the round's global weights in the job's encoding; the
+    receipt's output hash is over exactly these bytes."""
+    payload = codec.encode_update(result.state_dict, global_state, spec.encoding)
     receipt = build_receipt(unit, result, output_sha256=sha256_hex(payload),
                             started_at=spec.started_at, finished_at=spec.finished_at)
-    log.info("unit %s: uploading %s…", spec.id, _mb(len(payload)))
+    log.info("unit %s: uploading %s (%s update)…", spec.id, _mb(len(payload)), spec.encoding)
     return client.submit_result(spec.id, payload, receipt)
 
 
@@ -247,6 +252,9 @@ class _UnitSpec:
     shard_sha256: str
     samples: int
     optimizer: str = "sgd"
+    algorithm: str = "fedavg"
+    inner_steps: int | None = None  # DiLoCo: exactly this many local steps instead of epochs
+    encoding: str = "fp32"  # how the update is uploaded (muninn_worker.codec)
     base_sha256: str | None = None
     started_at: str = ""
     finished_at: str = ""
@@ -265,11 +273,20 @@ class _UnitSpec:
                 weights_sha256=str(unit["weights_sha256"]), shard_sha256=str(unit["shard_sha256"]),
                 samples=_int(unit["samples"]), optimizer=str(train.get("optimizer") or "sgd"),
                 base_sha256=str(unit["base_sha256"]) if unit.get("base_sha256") else None,
+                algorithm=str(unit.get("algorithm") or "fedavg"),
+                inner_steps=None if train.get("inner_steps") is None else _int(train["inner_steps"]),
+                encoding=_encoding(unit.get("encoding") or "fp32"),
             )
         except KeyError as exc:
             raise ValueError(f"malformed unit from the server: missing {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
             raise ValueError(f"malformed unit from the server: {exc}") from None
+
+
+def _encoding(value: Any) -> str:
+    if value not in codec.ENCODINGS:
+        raise ValueError(f"unknown update encoding {value!r} (known: {', '.join(codec.ENCODINGS)})")
+    return str(value)
 
 
 def _int(value: Any) -> int:

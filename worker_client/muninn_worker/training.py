@@ -46,6 +46,7 @@ def train_local(
     momentum: float = 0.0,
     seed: int,
     optimizer: str = "sgd",
+    inner_steps: int | None = None,
     progress: ProgressFn | None = None,
 ) -> TrainResult:
     """Train `model` in place on (X, y) and return its new weights with the numbers a receipt needs.
@@ -53,6 +54,10 @@ def train_local(
     The last batch of an epoch may be smaller than `batch_size`, so steps = epochs * ceil(samples / batch).
     `progress` may raise to abort training (the runner does when its lease is lost). The task (and so the
     loss) is the model's `task`: see `muninn_worker.tasks`. `optimizer` is "sgd" (with `momentum`) or "adam".
+
+    `inner_steps` (DiLoCo) replaces epochs: exactly that many steps, each on a batch of min(batch_size, samples)
+    drawn from successive shuffles of the shard, so the work is inner_steps × that batch, whatever the shard's
+    size; `progress` then reports every ceil(samples / batch) steps (an epoch's worth) and at the end.
     """
     X, y = _prepare(model, X, y)
     if epochs < 1 or batch_size < 1:
@@ -68,11 +73,16 @@ def train_local(
         model.train()
         steps = 0
         started = time.perf_counter()
-        for epoch in range(1, epochs + 1):
-            epoch_loss = _train_epoch(model, opt, X, y, batch_size, shuffler)
-            steps += math.ceil(samples / batch_size)
-            if progress is not None:
-                progress(epoch, epochs, epoch_loss)
+        if inner_steps is None:
+            for epoch in range(1, epochs + 1):
+                epoch_loss = _train_epoch(model, opt, X, y, batch_size, shuffler)
+                steps += math.ceil(samples / batch_size)
+                if progress is not None:
+                    progress(epoch, epochs, epoch_loss)
+        else:
+            if inner_steps < 1:
+                raise ValueError(f"inner_steps must be at least 1 (got {inner_steps})")
+            steps = _train_steps(model, opt, X, y, min(batch_size, samples), inner_steps, shuffler, progress)
         train_seconds = time.perf_counter() - started
 
     return TrainResult(
@@ -104,6 +114,28 @@ def _train_epoch(
         optimizer.step()
         total += loss.item() * index.shape[0]
     return total / X.shape[0]
+
+
+def _train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, X: Tensor, y: Tensor, batch: int,
+                 inner_steps: int, shuffler: torch.Generator, progress: ProgressFn | None) -> int:
+    """`inner_steps` steps of exactly `batch` samples each, taken in order from back-to-back permutations."""
+    per_report = math.ceil(X.shape[0] / batch)
+    reports = math.ceil(inner_steps / per_report)
+    pool = torch.empty(0, dtype=torch.long)
+    total, seen = 0.0, 0
+    for step in range(1, inner_steps + 1):
+        while pool.shape[0] < batch:
+            pool = torch.cat([pool, torch.randperm(X.shape[0], generator=shuffler)])
+        index, pool = pool[:batch].to(X.device), pool[batch:]
+        optimizer.zero_grad(set_to_none=True)
+        loss = tasks.loss(model, model(X[index]), y[index])
+        loss.backward()
+        optimizer.step()
+        total, seen = total + loss.item() * batch, seen + batch
+        if progress is not None and (step % per_report == 0 or step == inner_steps):
+            progress(math.ceil(step / per_report), reports, total / seen)
+            total, seen = 0.0, 0
+    return inner_steps
 
 
 def _optimizer(name: str, params: list, lr: float, momentum: float) -> torch.optim.Optimizer:

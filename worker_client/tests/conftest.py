@@ -54,6 +54,8 @@ class FakeUnit:
     template: str = "mlp"
     model_config: dict = field(default_factory=lambda: dict(MODEL_CONFIG))
     base: bytes | None = None  # LoRA units: the frozen base weights served at /base
+    algorithm: str = "fedavg"
+    encoding: str = "fp32"  # how the result must be uploaded (muninn_worker.codec)
 
     def claim_body(self) -> dict:
         expires = datetime.now(timezone.utc) + timedelta(seconds=self.lease_seconds)
@@ -63,6 +65,7 @@ class FakeUnit:
             "template": self.template, "model_config": self.model_config, "train": self.train,
             "weights_sha256": sha256_hex(self.weights), "shard_sha256": sha256_hex(self.shard),
             "samples": self.samples, "base_sha256": sha256_hex(self.base) if self.base else None,
+            "algorithm": self.algorithm, "encoding": self.encoding,
         }}
 
 

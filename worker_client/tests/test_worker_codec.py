@@ -4,7 +4,7 @@ import zlib
 import pytest
 import torch
 
-from muninn_worker.codec import BadUpdate, decode_update, encode_update
+from muninn_worker.codec import BadUpdate, decode_update, encode_update, roundtrip
 from muninn_worker.tensors import state_dict_to_bytes
 
 
@@ -59,3 +59,21 @@ def test_a_deflate_bomb_or_garbage_is_refused():
         decode_update(b"not deflated at all", base, "fp32")
     with pytest.raises(BadUpdate):
         decode_update(zlib.compress(state_dict_to_bytes(base))[:-10], base, "fp32")
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"not deflated at all", "not_safetensors"),
+    (zlib.compress(b"deflated, but not safetensors"), "not_safetensors"),
+    (zlib.compress(bytes(4096)), "too_large"),  # inflates past the limit given
+])
+def test_undecodable_updates_say_why_with_a_code(data, code):
+    base, _ = states()
+    with pytest.raises(BadUpdate) as refused:
+        decode_update(data, base, "fp32", max_inflated_bytes=1024)
+    assert refused.value.code == code
+
+
+def test_roundtrip_is_what_the_site_decodes_from_an_honest_upload():
+    base, new = states()
+    assert all(torch.equal(v, roundtrip(new, base, "int8")[k])
+               for k, v in decode_update(encode_update(new, base, "int8"), base, "int8").items())

@@ -65,3 +65,8 @@ def test_transformer_memory_counts_the_attention_scores_which_grow_with_the_squa
 
     assert long > 4 * short  # linear terms alone would give exactly 4x
     assert long - 4 * short >= 4 * (4 * 256 * 256 - 4 * 4 * 64 * 64) // 2  # scores and probabilities, 4 heads
+
+
+def test_diloco_unit_flops_count_inner_steps_of_one_batch_each():
+    assert unit_flops(10, 500, 2, 3, inner_steps=7, batch_size=32) == 10 * 7 * 32 + 500 * 2 * 3
+    assert unit_flops(10, 20, 2, 3, inner_steps=7, batch_size=32) == 10 * 7 * 20 + 20 * 2 * 3  # shard < batch

@@ -15,6 +15,7 @@ from conftest import MODEL_CONFIG
 from muninn_worker.api import ApiClient
 from muninn_worker.runner import DeviceRejected, run
 from muninn_worker.signing import new_private_key, public_key_of
+from muninn_worker.codec import decode_update, roundtrip, unpack
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
 from muninn_worker.training import train_local
 from muninn_worker.zoo import build_model, init_state
@@ -51,7 +52,8 @@ def test_runner_trains_one_unit_and_submits_a_matching_receipt(fake_site, tmp_pa
     public = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key_of(SIGNING_KEY)))
     public.verify(base64.b64decode(posted["signature"]), posted["receipt_bytes"])  # raises if forged
 
-    sent, initial = bytes_to_state_dict(posted["weights"]), bytes_to_state_dict(unit.weights)
+    initial = bytes_to_state_dict(unit.weights)
+    sent = decode_update(posted["weights"], initial, "fp32")  # a delta against the global weights
     assert {k: (v.shape, v.dtype) for k, v in sent.items()} == {k: (v.shape, v.dtype) for k, v in initial.items()}
     assert "claimed unit 42 job 3 round 2 (479 samples)" in caplog.text
     assert "epoch 2/2 loss" in caplog.text and "accepted, credited 0.0000001234 HU" in caplog.text
@@ -66,8 +68,30 @@ def test_runner_result_is_what_the_site_gets_by_re_executing_the_unit(fake_site,
     model.load_state_dict(bytes_to_state_dict(unit.weights))
     X, y = bytes_to_shard(unit.shard)
     expected = train_local(model, X, y, seed=99, **{k: v for k, v in unit.train.items() if k != "seed"})
-    sent = bytes_to_state_dict(fake_site.results[0]["weights"])
-    assert all(torch.equal(sent[k], expected.state_dict[k]) for k in sent)
+    glob = bytes_to_state_dict(unit.weights)
+    sent = decode_update(fake_site.results[0]["weights"], glob, "fp32")
+    assert all(torch.equal(sent[k], v) for k, v in roundtrip(expected.state_dict, glob, "fp32").items())
+
+
+def test_diloco_unit_trains_its_inner_steps_and_uploads_an_int8_delta(fake_site, tmp_path):
+    unit = fake_site.add_unit(samples=100, seed=7, epochs=5)
+    unit.algorithm, unit.encoding = "diloco", "int8"
+    unit.train = {**unit.train, "inner_steps": 7}
+
+    stats = _run(fake_site, tmp_path)
+
+    assert stats.accepted == 1
+    [posted] = fake_site.results
+    assert posted["receipt"]["steps"] == 7  # the inner steps, not 5 epochs' worth
+    glob = bytes_to_state_dict(unit.weights)
+    encoded = unpack(posted["weights"])
+    assert {encoded[k].dtype for k, v in glob.items() if v.is_floating_point()} == {torch.int8}
+    model = build_model("mlp", MODEL_CONFIG)
+    model.load_state_dict(glob)
+    X, y = bytes_to_shard(unit.shard)
+    expected = train_local(model, X, y, **unit.train)
+    sent = decode_update(posted["weights"], glob, "int8")
+    assert all(torch.equal(sent[k], v) for k, v in roundtrip(expected.state_dict, glob, "int8").items())
 
 
 def test_runner_stops_after_max_units(fake_site, tmp_path):
@@ -193,7 +217,7 @@ def test_runner_trains_a_lora_unit_on_base_weights_it_downloads_once(fake_site, 
     stats = _run(fake_site, tmp_path)
 
     assert stats.accepted == 2 and fake_site.gets("/base") == 1  # the second unit found it in the cache
-    sent = bytes_to_state_dict(fake_site.results[0]["weights"])
+    sent = decode_update(fake_site.results[0]["weights"], bytes_to_state_dict(unit.weights), "fp32")
     assert set(sent) == set(bytes_to_state_dict(unit.weights))  # adapters only travel back
     assert all(k.endswith((".lora_a", ".lora_b")) for k in sent)
     assert fake_site.results[0]["receipt"]["loss_after"] < fake_site.results[0]["receipt"]["loss_before"]

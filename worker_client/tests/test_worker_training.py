@@ -93,3 +93,27 @@ def test_training_works_when_called_inside_no_grad():
         result = train_local(_model(X), X, y, seed=1, **TRAIN)
 
     assert result.loss_after < result.loss_before
+
+
+def test_inner_steps_train_exactly_that_many_full_batches_whatever_the_shard_size():
+    X, y = digits(50)
+    model = build_model("mlp", MODEL_CONFIG)
+    model.load_state_dict(global_weights(X))
+    reports = []
+
+    result = train_local(model, X, y, epochs=3, batch_size=32, lr=0.05, momentum=0.9, seed=1, inner_steps=5,
+                         progress=lambda epoch, epochs, loss: reports.append((epoch, epochs)))
+
+    assert result.steps == 5  # not 3 epochs × ceil(50 / 32)
+    assert reports == [(1, 3), (2, 3), (3, 3)]  # every ceil(50/32) = 2 steps, and at the end
+    assert result.loss_after < result.loss_before
+
+
+def test_inner_steps_are_deterministic_for_a_seed():
+    X, y = digits(40)
+    runs = []
+    for _ in range(2):
+        model = build_model("mlp", MODEL_CONFIG)
+        model.load_state_dict(global_weights(X))
+        runs.append(train_local(model, X, y, epochs=1, batch_size=16, lr=0.05, seed=3, inner_steps=4).state_dict)
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
