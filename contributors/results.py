@@ -21,6 +21,7 @@ from .models import Device, DeviceEvent, Lease, Receipt
 
 log = logging.getLogger(__name__)
 LOSS_CHECK_SAMPLES = 64
+NORM_HISTORY_UNITS = 200  # the job's latest accepted units whose update norms bound a new one (not all: O(job))
 SPEED_RECORD_UNITS = 3  # verified units before a device's measured speed is held against its claims
 
 
@@ -125,8 +126,9 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     reference = tensors.bytes_to_state_dict(reference_bytes)
     checks.check_state(state, reference)
     norm = checks.update_norm(state, reference)
-    bound = checks.norm_bound([u.result_metrics.get("update_norm", 0.0) for u in WorkUnit.objects.filter(
-        round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED).only("result_metrics")])
+    bound = checks.norm_bound([metrics.get("update_norm", 0.0) for metrics in WorkUnit.objects.filter(
+        round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED,
+    ).order_by("-id").values_list("result_metrics", flat=True)[:NORM_HISTORY_UNITS]])
     checks.check_update_norm(norm, bound)
     held = (timezone.now() - lease.created_at).total_seconds()
     checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held)

@@ -74,17 +74,27 @@ def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
 
 
 def unit_heartbeat(*, device: Device, unit_id: int):
+    """Extend the device's lease on the unit. The common case, the holder's heartbeat, costs two queries: its
+    latest lease's token, then the conditional update; anything else takes the slow path for the exact error."""
     touch(device)
+    token = (Lease.objects.filter(device=device, unit_id=unit_id).order_by("-id")
+             .values_list("token", flat=True).first())
+    if token is not None:
+        try:
+            return jobs.unit_heartbeat(unit_id=unit_id, lease_token=token)
+        except Conflict:
+            pass
     unit, lease = leased_unit(device=device, unit_id=unit_id)
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
 
 
 def device_record_success(*, device: Device, work_samples: int, seconds: float) -> None:
     """A result passed every check: the streak grows and the speed estimate learns from it."""
-    first = not Device.objects.filter(pk=device.pk, verified_total__gt=0).exists()
-    Device.objects.filter(pk=device.pk).update(verified_streak=F("verified_streak") + 1,
-                                               verified_total=F("verified_total") + 1)
-    _update_throughput(device, samples=work_samples, seconds=seconds, replace=first)
+    total, current = Device.objects.filter(pk=device.pk).values_list("verified_total", "samples_per_s").get()
+    changes = {"verified_streak": F("verified_streak") + 1, "verified_total": F("verified_total") + 1}
+    if seconds > 0:
+        changes["samples_per_s"] = _throughput(current, measured=work_samples / seconds, replace=total == 0)
+    Device.objects.filter(pk=device.pk).update(**changes)
 
 
 def device_record_failure(*, device: Device, reason: str) -> bool:
@@ -124,11 +134,8 @@ def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
     return locked
 
 
-def _update_throughput(device: Device, *, samples: int, seconds: float, replace: bool = False) -> None:
+def _throughput(current: float, *, measured: float, replace: bool) -> float:
     """Moving estimate of samples/s; the first real unit replaces the probe's benchmark outright."""
-    if seconds <= 0:
-        return
-    measured = samples / seconds
-    current = Device.objects.filter(pk=device.pk).values_list("samples_per_s", flat=True).first() or 0.0
-    new = measured if current <= 0 or replace else (1 - THROUGHPUT_SMOOTHING) * current + THROUGHPUT_SMOOTHING * measured
-    Device.objects.filter(pk=device.pk).update(samples_per_s=new)
+    if current <= 0 or replace:
+        return measured
+    return (1 - THROUGHPUT_SMOOTHING) * current + THROUGHPUT_SMOOTHING * measured
