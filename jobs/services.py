@@ -227,10 +227,10 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
             deadline_at=now + timedelta(seconds=settings.MUNINN_ROUND_DEADLINE_SECONDS),
         )
         reserved_until = now + timedelta(seconds=settings.MUNINN_RESERVATION_SECONDS)
+        shard_shas = storage.blobs_put([_xy_bytes(X[s.start:s.stop], y[s.start:s.stop]) for s in shards])
         WorkUnit.objects.bulk_create([
             WorkUnit(
-                round=rnd, index=i, shard_start=shard.start, shard_stop=shard.stop,
-                shard_sha256=storage.blob_put(_xy_bytes(X[shard.start:shard.stop], y[shard.start:shard.stop])),
+                round=rnd, index=i, shard_start=shard.start, shard_stop=shard.stop, shard_sha256=shard_shas[i],
                 seed=_unit_seed(job, number, i),
                 flops=estimate.unit_flops(flops_per_sample=job.flops_per_sample, samples=shard.stop - shard.start,
                                           epochs=job.hparams["epochs"],
