@@ -112,13 +112,14 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples), output_sha256=output_sha)
-    live = Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
-    if live.filter(device=device).exists():
+    live = list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
+                .order_by("id").values_list("id", "device_id"))
+    if any(device_id == device.pk for _, device_id in live):
         raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
     # The same bytes from another device: one of the two claims is false, and hashes cannot say which
     # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
     # Re-execution decides; the newcomer is never refused on the other device's word.
-    collision = live.values_list("id", flat=True).first()
+    collision = live[0][0] if live else None
     try:
         state = tensors.bytes_to_state_dict(weights)
     except ValueError as e:
