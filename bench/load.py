@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import logging
 import math
@@ -51,17 +50,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 
+from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
+from load_world import World, build_world, environment, recreate_database  # noqa: E402
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
-JOB_HPARAMS = {"hidden": [16], "batch_size": 4, "epochs": 1}  # tiny: the web's work, not training, is measured
-VETERAN_STREAK = 1000  # verified results in a row: re-executed at reputation.MIN_RATE
-PLAN_SIZES = (10, 100, 1000)
-PLAN_ROWS = 40_000  # planning data set: 1,000 devices of speeds 200..5,000 samples/s all get a shard
-PLAN_HPARAMS = {"hidden": [16], "batch_size": 2, "epochs": 1}
 
 
 def main() -> int:
@@ -72,9 +69,9 @@ def main() -> int:
         print(f"aiohttp is not installed ({error}). Install it with `make bench-deps`.", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="muninn-load-"))
-    env = _environment(options, tmp)
+    env = environment(options, tmp)
     os.environ.update(env)
-    _recreate_database(options.database_url)
+    recreate_database(options.database_url)
 
     import django
 
@@ -87,7 +84,7 @@ def main() -> int:
 
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
         url = stack.web(free_port(), workers=options.workers, threads=options.threads)
-        world = _world(url, options)
+        world = build_world(url, options)
         web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
         phases = {}
         for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
@@ -98,119 +95,9 @@ def main() -> int:
         stack.stop("web")
         web_log = stack.log("web")
     db_doubles = _database_double_leases()
-    plans = {} if options.skip_planning else _plan_timings(world, options)
+    plans = {} if options.skip_planning else plan_timings(options)
     _report(options, world, phases, db_doubles, plans, web_log)
     return 0
-
-
-# --- The world: database, server settings, customer, jobs, devices ------------------------------
-
-def _environment(options: argparse.Namespace, tmp: Path) -> dict[str, str]:
-    return {
-        "DJANGO_SETTINGS_MODULE": "muninn.settings",
-        "DATABASE_URL": options.database_url,
-        "CELERY_BROKER_URL": options.broker,
-        "MUNINN_VAR_DIR": str(tmp),  # blobs, the filesystem broker, logs: gone with the folder
-        "MEDIA_ROOT": str(tmp / "media"),
-        "DEBUG": "false", "SECRET_KEY": "load-benchmark-only", "ALLOWED_HOSTS": "127.0.0.1,localhost",
-    }
-
-
-def _recreate_database(database_url: str) -> None:
-    import psycopg
-
-    parts = urlsplit(database_url)
-    name = parts.path.lstrip("/")
-    if not name.replace("_", "").isalnum():
-        raise SystemExit(f"refusing an odd database name: {name!r}")
-    admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
-@dataclass
-class World:
-    devices: list[dict]  # {"id", "token", "key"}
-    jobs: int
-    units: int
-    setup_s: float
-
-
-def _world(url: str, options: argparse.Namespace) -> World:
-    from muninn_worker import signing
-
-    from django.db import connection
-
-    from accounts import services as accounts
-    from accounts.models import User
-    from billing import money
-    from billing import services as billing
-    from contributors.models import Device
-    from jobs import services as jobs
-    from jobs.models import WorkUnit
-    from muninn.celery import app as celery_app
-
-    started = time.perf_counter()
-    celery_app.conf.task_always_eager = True  # in this process only: job_start opens round 1 at once
-    staff = accounts.user_create(username="staff", password="load-staff-123", role=User.Role.STAFF)
-    customer = accounts.user_create(username="customer", password="load-customer-123", role=User.Role.CUSTOMER)
-    billing.balance_grant(user=customer, amount=money.to_nanos("100000"), reason="load benchmark", granted_by=staff)
-    contributor = accounts.user_create(username="contributor", password="load-contrib-123",
-                                       role=User.Role.CONTRIBUTOR)
-    keys = [signing.new_private_key() for _ in range(options.devices)]
-    devices = asyncio.run(_register(url, accounts.token_for(user=contributor), keys))
-    veteran = {} if options.new_devices else {"verified_streak": VETERAN_STREAK, "verified_total": VETERAN_STREAK}
-    Device.objects.update(**veteran, samples_per_s=1000.0)
-
-    dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=_digits_npz())
-    job_count = 0
-    while WorkUnit.objects.filter(status=WorkUnit.Status.QUEUED).count() < options.units:
-        Device.objects.update(last_seen_at=datetime.now(UTC))  # the devices are polling: all online
-        job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams=JOB_HPARAMS, rounds=1,
-                              seed=job_count)
-        jobs.job_start(job_id=job.pk)  # holds the quote and opens round 1: one unit per online device
-        job_count += 1
-    celery_app.conf.task_always_eager = False
-    with connection.cursor() as cursor:  # as autovacuum would have by now on a live site: fresh planner stats
-        cursor.execute("ANALYZE")
-    units = WorkUnit.objects.filter(status=WorkUnit.Status.QUEUED).count()
-    return World(devices, job_count, units, time.perf_counter() - started)
-
-
-async def _register(url: str, account_token: str, keys: list[str]) -> list[dict]:
-    import aiohttp
-    from muninn_worker import signing
-
-    capabilities = {"cpu_cores": 2, "ram_bytes": 8 * 2**30, "backends": ["cpu"], "gpus": [],
-                    "torch_version": "2.13.0", "samples_per_s": 1000.0}
-    headers = {"Authorization": f"Token {account_token}"}
-    async with aiohttp.ClientSession(url, headers=headers) as session:
-        async def one(i: int, key: str) -> dict:
-            body = {"name": f"load-{i}", "capabilities": capabilities, "public_key": signing.public_key_of(key)}
-            async with session.post("/api/worker/devices", json=body) as response:
-                if response.status != 201:
-                    raise RuntimeError(f"device registration: {response.status} {await response.text()}")
-                answer = await response.json()
-            return {"id": answer["device_id"], "token": answer["device_token"], "key": key}
-
-        limit = asyncio.Semaphore(16)
-
-        async def limited(i: int, key: str) -> dict:
-            async with limit:
-                return await one(i, key)
-
-        return list(await asyncio.gather(*(limited(i, k) for i, k in enumerate(keys))))
-
-
-def _digits_npz() -> bytes:
-    import numpy as np
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    buf = io.BytesIO()
-    np.savez(buf, X=digits.data.astype(np.float32), y=digits.target.astype(np.int64))
-    return buf.getvalue()
 
 
 # --- The devices ----------------------------------------------------------------------------------
@@ -436,60 +323,6 @@ def _client_double_leases(stats: Stats) -> tuple[int, int]:
     return again, doubles
 
 
-# --- Round planning -------------------------------------------------------------------------------
-
-def _plan_timings(world: World, options: argparse.Namespace) -> dict[int, dict[str, float]]:
-    """round_open and plan_shards for 10, 100 and 1,000 online devices (best of `--plan-repeats`)."""
-    import numpy as np
-    from muninn_worker import signing
-
-    from accounts.models import User
-    from contributors import selectors
-    from contributors import services as contributors
-    from contributors.models import Device
-    from jobs import services as jobs
-    from jobs.models import Job
-    from jobs.sharding import plan_shards
-
-    customer = User.objects.get(username="customer")
-    contributor = User.objects.get(username="contributor")
-    rng = np.random.default_rng(0)
-    key = signing.public_key_of(signing.new_private_key())
-    for i in range(Device.objects.count(), max(PLAN_SIZES)):
-        speed = float(rng.uniform(200, 5000))  # a market of unequal devices
-        contributors.device_register(owner=contributor, name=f"plan-{i}", public_key=key, capabilities={
-            "cpu_cores": 2, "ram_bytes": 8 * 2**30, "backends": ["cpu"], "gpus": [], "torch_version": "2.13.0",
-            "samples_per_s": speed})
-    centres = rng.normal(size=(10, 32))
-    y = rng.integers(0, 10, PLAN_ROWS)
-    X = (centres[y] + rng.normal(scale=0.5, size=(PLAN_ROWS, 32))).astype(np.float32)
-    buf = io.BytesIO()
-    np.savez(buf, X=X, y=y.astype(np.int64))
-    dataset = jobs.dataset_create(owner=customer, filename="blobs.npz", data=buf.getvalue())
-    timings: dict[int, dict[str, float]] = {}
-    for size in PLAN_SIZES:
-        Device.objects.update(last_seen_at=datetime.now(UTC))
-        online = selectors.device_capacities_online()[:size]
-        opens, units = [], 0
-        for repeat in range(options.plan_repeats):
-            job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", rounds=1, seed=repeat,
-                                  hparams=PLAN_HPARAMS)
-            Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING, started_at=datetime.now(UTC))
-            t0 = time.perf_counter()
-            rnd = jobs.round_open(job_id=job.pk, devices=online)
-            opens.append(time.perf_counter() - t0)
-            units = rnd.units.count()
-        speeds = [speed for _, speed in online]
-        pure = []
-        for _ in range(max(5, options.plan_repeats)):
-            t0 = time.perf_counter()
-            plan_shards(job.n_train, speeds, min_shard=PLAN_HPARAMS["batch_size"])
-            pure.append(time.perf_counter() - t0)
-        timings[size] = {"round_open_ms": min(opens) * 1e3, "round_open_max_ms": max(opens) * 1e3,
-                         "plan_shards_ms": min(pure) * 1e3, "units": units, "n_train": job.n_train}
-    return timings
-
-
 # --- The report -----------------------------------------------------------------------------------
 
 def _quantile(values: list[float], q: float) -> float:
@@ -542,10 +375,10 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         print("the web log has tracebacks: " + web_log[web_log.index("Traceback"):][:600])
     if plans:
         print(f"\nround planning (best of {options.plan_repeats}; {plans[PLAN_SIZES[0]]['n_train']:,} training rows)")
-        print(f"{'devices':>8}{'units':>7}{'round_open ms':>15}{'(worst)':>9}{'plan_shards ms':>16}")
+        print(f"{'devices':>8}{'units':>7}{'round_open ms':>15}{'(worst)':>9}{'CPU ms':>8}{'plan_shards ms':>16}")
     for size, t in plans.items():
         print(f"{size:>8}{t['units']:>7}{t['round_open_ms']:>15.1f}{t['round_open_max_ms']:>9.1f}"
-              f"{t['plan_shards_ms']:>16.3f}")
+              f"{t['round_open_cpu_ms']:>8.1f}{t['plan_shards_ms']:>16.3f}")
     client_doubles = max(f["client_double_leases"] for f in figures.values())
     print(json.dumps({
         "ops_per_s": figures["saturated"]["ops_per_s"], "p50_ms": figures["paced"]["p50_ms"],
@@ -558,6 +391,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         "conflicts": sum(f["conflicts"] for f in figures.values()),
         "client_double_leases": client_doubles, "db_double_leases": db["double_leases"],
         **{f"plan_ms_{size}": round(t["round_open_ms"], 1) for size, t in plans.items()},
+        **{f"plan_cpu_ms_{size}": round(t["round_open_cpu_ms"], 1) for size, t in plans.items()},
         **{f"plan_shards_ms_{size}": round(t["plan_shards_ms"], 3) for size, t in plans.items()},
         "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
         "workers": options.workers, "threads": options.threads, "load_average": round(load[0], 2),
