@@ -28,11 +28,14 @@ demo: setup  ## headless end to end: 3 worker clients train a 10-round FedAvg ML
 test: setup  ## the whole suite, on the local PostgreSQL and Redis (started if they are not answering)
 	bash scripts/test.sh
 
-bench-deps: setup  ## benchmark-only packages: flwr's aggregate for bench/aggregate.py, without its server stack
+bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate.py), aiohttp (bench/load.py)
 	# --no-deps: flwr pins packaging<26 (kombu pins 26.3) and pulls ~35 server packages; this is the minimal
 	# set under which `flwr.server.strategy.aggregate` imports and runs.
 	$(PIP) install --quiet --no-deps flwr==1.41.0 protobuf==6.33.6 grpcio==1.85.1 httpx==0.28.1 typer==0.20.1 \
 	  rich==14.3.4 pycryptodome==3.24.1 cryptography==50.0.2 cffi==2.1.1 iterators==0.0.2
+	# aiohttp: bench/load.py's 200 simulated devices on one core (attrs, idna, typing_extensions are already in).
+	$(PIP) install --quiet --no-deps aiohttp==3.14.3 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 \
+	  multidict==6.9.1 propcache==0.5.4 yarl==1.25.1
 
 clean:
 	rm -rf var

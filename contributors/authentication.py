@@ -42,5 +42,14 @@ class HasDevice:
         return True
 
 
+TOUCH_EVERY_S = 5  # "online" means seen in the last MUNINN_DEVICE_ONLINE_SECONDS (60): finer is wasted writes
+
+
 def touch(device: Device) -> None:
-    Device.objects.filter(pk=device.pk).update(last_seen_at=timezone.now())
+    """Mark the device seen now, unless it was marked less than TOUCH_EVERY_S ago: every request of every
+    device would otherwise write its row (most of the writes of a busy site, and all of a heartbeat's but one)."""
+    now = timezone.now()
+    if device.last_seen_at is not None and (now - device.last_seen_at).total_seconds() < TOUCH_EVERY_S:
+        return
+    Device.objects.filter(pk=device.pk).update(last_seen_at=now)
+    device.last_seen_at = now

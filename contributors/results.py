@@ -21,6 +21,7 @@ from .models import Device, DeviceEvent, Lease, Receipt
 
 log = logging.getLogger(__name__)
 LOSS_CHECK_SAMPLES = 64
+NORM_HISTORY_UNITS = 200  # the job's latest accepted units whose update norms bound a new one (not all: O(job))
 SPEED_RECORD_UNITS = 3  # verified units before a device's measured speed is held against its claims
 
 
@@ -117,20 +118,22 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples), output_sha256=output_sha)
-    live = Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
-    if live.filter(device=device).exists():
+    live = list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
+                .order_by("id").values_list("id", "device_id"))
+    if any(device_id == device.pk for _, device_id in live):
         raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
     # The same bytes from another device: one of the two claims is false, and hashes cannot say which
     # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
     # Re-execution decides; the newcomer is never refused on the other device's word.
-    collision = live.values_list("id", flat=True).first()
+    collision = live[0][0] if live else None
     reference = tensors.bytes_to_state_dict(reference_bytes)
     state = checks.decode_update(weights, reference, unit.round.job.update_encoding,
                                  max_inflated_bytes=checks.max_update_bytes(len(reference_bytes)))
     checks.check_state(state, reference)
     norm = checks.update_norm(state, reference)
-    bound = checks.norm_bound([u.result_metrics.get("update_norm", 0.0) for u in WorkUnit.objects.filter(
-        round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED).only("result_metrics")])
+    bound = checks.norm_bound([metrics.get("update_norm", 0.0) for metrics in WorkUnit.objects.filter(
+        round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED,
+    ).order_by("-id").values_list("result_metrics", flat=True)[:NORM_HISTORY_UNITS]])
     checks.check_update_norm(norm, bound)
     held = (timezone.now() - lease.created_at).total_seconds()
     checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held)

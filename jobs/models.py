@@ -201,6 +201,9 @@ class WorkUnit(models.Model):
         indexes = [
             models.Index(fields=["status", "id"], name="unit_status_id"),
             models.Index(fields=["status", "lease_expires_at"], name="unit_status_expiry"),
+            # a claim's first pass: the queued units sized for this device, in id order
+            models.Index(fields=["preferred_device_id", "id"], condition=models.Q(status="queued"),
+                         name="unit_queued_preferred"),
         ]
 
     def __str__(self) -> str:

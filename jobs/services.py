@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import torch
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, F, Q, When
+from django.db.models import F, Q
 from django.utils import timezone
 from muninn_worker import flops as worker_flops
 from muninn_worker import tensors, training, zoo
@@ -240,12 +240,12 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
         shards = plan_shards(job.n_train, [speed for _, speed in devices],
                              min_shard=min(job.hparams["batch_size"], job.n_train))
         now = timezone.now()
+        shard_shas = storage.blobs_put([_xy_bytes(X[s.start:s.stop], y[s.start:s.stop]) for s in shards])
         units = []
         for i, shard in enumerate(shards):
             flops = unit_flops(job, shard.stop - shard.start)
             units.append(WorkUnit(
-                index=i, shard_start=shard.start, shard_stop=shard.stop,
-                shard_sha256=storage.blob_put(_xy_bytes(X[shard.start:shard.stop], y[shard.start:shard.stop])),
+                index=i, shard_start=shard.start, shard_stop=shard.stop, shard_sha256=shard_shas[i],
                 seed=_unit_seed(job, number, i), flops=flops, min_memory_bytes=job.peak_memory_bytes,
                 expected_seconds=0.0 if shard.device is None else deadlines.expected_seconds(
                     flops, devices[shard.device][1]),
@@ -443,23 +443,29 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
     now = timezone.now()
     with transaction.atomic():
-        candidates = WorkUnit.objects.filter(
-            Q(preferred_device_id=device_id) | Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now),
-            _runnable_on(resources),
-            status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
-        ).exclude(backup_of__leased_device_id=device_id).order_by(
-            Case(When(preferred_device_id=device_id, then=0), When(backup_of__isnull=False, then=1), default=2), "id")
-        if connection.features.has_select_for_update_skip_locked:
-            candidates = candidates.select_for_update(skip_locked=True, of=("self",))
-        for unit in candidates[:4]:
-            token = uuid.uuid4()
-            leased = WorkUnit.objects.filter(pk=unit.pk, status=WorkUnit.Status.QUEUED).update(
-                status=WorkUnit.Status.LEASED, lease_token=token, leased_device_id=device_id,
-                lease_expires_at=now + timedelta(seconds=lease_seconds), attempts=F("attempts") + 1,
-            )
-            if leased:
-                unit.refresh_from_db()
-                return unit
+        queued = WorkUnit.objects.filter(
+            _runnable_on(resources), status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN,
+            round__job__status=Job.Status.RUNNING,
+        ).exclude(backup_of__leased_device_id=device_id)
+        unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
+        # Passes in id order, each an index walk that stops at the first rows that fit: a claim costs the
+        # same with a hundred or a hundred thousand units queued (one ORDER BY putting the device's own
+        # first would sort every queued unit on every claim).
+        for candidates in (queued.filter(preferred_device_id=device_id),
+                           queued.filter(unreserved, backup_of__isnull=False),
+                           queued.filter(unreserved)):
+            candidates = candidates.order_by("id")
+            if connection.features.has_select_for_update_skip_locked:
+                candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+            for unit in candidates[:4]:
+                token = uuid.uuid4()
+                leased = WorkUnit.objects.filter(pk=unit.pk, status=WorkUnit.Status.QUEUED).update(
+                    status=WorkUnit.Status.LEASED, lease_token=token, leased_device_id=device_id,
+                    lease_expires_at=now + timedelta(seconds=lease_seconds), attempts=F("attempts") + 1,
+                )
+                if leased:
+                    unit.refresh_from_db()
+                    return unit
     return None
 
 

@@ -25,8 +25,9 @@ def plan_shards(n_samples: int, throughputs: Sequence[float], *, min_shard: int 
         return [Shard(None, 0, n_samples)]
     speeds = [max(float(t), 0.0) or 1.0 for t in throughputs]  # unmeasured devices count as equals
     kept = sorted(range(len(speeds)), key=lambda i: (-speeds[i], i))
-    while len(kept) > 1 and n_samples * speeds[kept[-1]] / sum(speeds[i] for i in kept) < min_shard:
-        kept.pop()
+    kept_speed = sum(speeds)  # kept up to date as devices drop out: linear, not quadratic, in the devices
+    while len(kept) > 1 and n_samples * speeds[kept[-1]] / kept_speed < min_shard:
+        kept_speed -= speeds[kept.pop()]
     kept.sort()
     total = sum(speeds[i] for i in kept)
     exact = {i: n_samples * speeds[i] / total for i in kept}

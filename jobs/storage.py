@@ -4,6 +4,8 @@ The path is the sha256 of the bytes, so a blob is written once, can be cached an
 task that runs twice writes the same file.
 """
 import hashlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
@@ -23,6 +25,21 @@ def blob_put(data: bytes) -> str:
     if not default_storage.exists(path):
         default_storage.save(path, ContentFile(data))
     return sha
+
+
+def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
+    """Store many blobs at once (a round's shards); their hashes in order. The writes overlap in threads:
+    each is mostly waiting on the file system (or an object store's round trip). Identical blobs are
+    written once, so no two threads ever race for one path."""
+    shas = [sha256_hex(data) for data in blobs]
+    unique = dict(zip(shas, blobs))
+    if len(unique) <= 1 or threads <= 1:
+        for data in unique.values():
+            blob_put(data)
+        return shas
+    with ThreadPoolExecutor(max_workers=min(threads, len(unique))) as pool:
+        list(pool.map(blob_put, unique.values()))
+    return shas
 
 
 def blob_get(sha256: str) -> bytes:

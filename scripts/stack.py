@@ -55,9 +55,9 @@ class Stack:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
         return out.stdout
 
-    def web(self, port: int) -> str:
+    def web(self, port: int, *, workers: int = 2, threads: int = 4) -> str:
         self.spawn("web", [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                           "--workers", "2", "--threads", "4", "--timeout", "120"])
+                           "--workers", str(workers), "--threads", str(threads), "--timeout", "120"])
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/healthz")
         return url

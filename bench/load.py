@@ -1,0 +1,430 @@
+"""Load: the worker API under gunicorn on PostgreSQL with N simulated devices, and the time to plan a round.
+
+The benchmark brings its own world. It drops and recreates a PostgreSQL database (`muninn_load`), migrates
+it, starts gunicorn on a free port against it (scripts/stack.py, DEBUG off, as in production), creates a
+customer with credit and enough running jobs (a small MLP on digits) that every claim finds a queued unit,
+and registers N devices through the real API, each with its own Ed25519 key. Then N asyncio devices loop:
+
+    claim → heartbeat(s) → post a small valid result (signed receipt, safetensors) → claim ...
+
+twice, for `--seconds` each: first as fast as they can (the most the site serves: ops/s), then paced to
+`--rate` ops/s in all (the latency a device sees at that load). With N devices that never wait, latency is
+N / throughput by Little's law (200 devices at 500 ops/s: 400 ms), whatever the server does, so the p99
+that counts is the paced one. Every op's answer is counted: 2xx ok, 409 conflict, anything else an error.
+
+Results are cheap but real: the global weights (downloaded once per job, cached by hash as the worker client
+does) plus a small random change, so every check of the site runs on them (signature, hashes, safetensors,
+shapes, update norm, timing, the loss on 64 samples of the shard). The devices are made veterans (a long
+streak of verified results, written straight to their rows), as most devices of a running market are: their
+results are re-executed at the 5 % floor and the rest credited at once through the ledger. New devices
+(`--new-devices`) are always re-executed instead: their results only queue a validation task.
+Re-executions and aggregations are queued on a filesystem broker in the run's temporary folder (`--broker`
+to use another) and not run: they are Celery's work, not the web's.
+
+Double leases are counted twice: on the client (a unit whose claim was answered to a second device before
+the first one sent the result the site then accepted) and in the database afterwards (a unit's Lease rows
+whose validity overlaps: from creation to the lease's receipt, or to the lease's expiry). The JSON's
+`double_leases` is the larger.
+
+Last, round planning: `jobs.services.round_open` (plan shards ∝ throughput, write one unit and one shard
+blob per device) and the pure `jobs.sharding.plan_shards` alone, for 10, 100 and 1,000 online devices.
+
+    .venv/bin/python bench/load.py [--devices 200] [--seconds 20] [--rate 500] [--workers 3] [--threads 8]
+
+Needs PostgreSQL (`--database-url`, default postgres://postgres@127.0.0.1:5432/muninn_load; the database is
+dropped and recreated) and aiohttp (`make bench-deps`). The last line printed is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
+
+from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
+from load_world import World, build_world, environment, recreate_database  # noqa: E402
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
+
+
+def main() -> int:
+    options = _parse_args()
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError as error:
+        print(f"aiohttp is not installed ({error}). Install it with `make bench-deps`.", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="muninn-load-"))
+    env = environment(options, tmp)
+    os.environ.update(env)
+    recreate_database(options.database_url)
+
+    import django
+
+    django.setup()
+    logging.disable(logging.INFO)  # this process's Celery and round logs; the server logs to its own file
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from scripts.stack import Stack, base_env, free_port
+
+    with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
+        url = stack.web(free_port(), workers=options.workers, threads=options.threads)
+        world = build_world(url, options)
+        web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
+        phases = {}
+        for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
+            before = _cpu_seconds(web_pid, options.database_url)
+            phases[phase] = asyncio.run(_drive(url, world, options, rate=rate))
+            phases[phase].cpu = {k: v - before.get(k, 0.0)
+                                 for k, v in _cpu_seconds(web_pid, options.database_url).items()}
+        stack.stop("web")
+        web_log = stack.log("web")
+    db_doubles = _database_double_leases()
+    plans = {} if options.skip_planning else plan_timings(options)
+    _report(options, world, phases, db_doubles, plans, web_log)
+    return 0
+
+
+# --- The devices ----------------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    statuses: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    errors: list[str] = field(default_factory=list)
+    leases: dict[int, list[tuple[int, float, float]]] = field(default_factory=lambda: defaultdict(list))
+    empty_claims: int = 0
+    elapsed: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds used in the phase: web, database, devices
+
+    def ok(self, op: str | None = None) -> int:
+        ops = [op] if op else list(self.statuses)
+        return sum(n for o in ops for code, n in self.statuses[o].items() if 200 <= code < 300)
+
+    def count(self, op: str | None, low: int, high: int) -> int:
+        ops = [op] if op else list(self.statuses)
+        return sum(n for o in ops for code, n in self.statuses[o].items() if low <= code < high)
+
+    def conflicts(self, op: str | None = None) -> int:
+        return self.count(op, 409, 410)
+
+    def failed(self, op: str | None = None) -> int:
+        return self.count(op, 0, 1000) - self.ok(op) - self.conflicts(op)
+
+
+class WeightsCache:
+    """The global weights by hash, fetched once (the worker client caches them by hash too)."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, asyncio.Future] = {}
+
+    async def state(self, sha: str, fetch) -> dict:
+        if sha not in self._states:
+            self._states[sha] = asyncio.ensure_future(fetch())
+        return await self._states[sha]
+
+
+async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: float) -> Stats:
+    import aiohttp
+
+    stats, cache = Stats(), WeightsCache()
+    # Close idle connections before gunicorn does (its keep-alive is 2 s), or a request sent on one the server
+    # is closing fails for no fault of the site's.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0)
+    async with aiohttp.ClientSession(url, connector=connector) as session:
+        start = time.monotonic()
+        stop_at = start + options.seconds
+        interval = len(world.devices) / rate if rate else 0.0
+        await asyncio.gather(*(
+            _device(session, device, stats, cache, options, start=start, stop_at=stop_at, interval=interval,
+                    rng=random.Random(i))
+            for i, device in enumerate(world.devices)))
+        stats.elapsed = time.monotonic() - start
+    return stats
+
+
+async def _device(session, device: dict, stats: Stats, cache: WeightsCache, options: argparse.Namespace, *,
+                  start: float, stop_at: float, interval: float, rng: random.Random) -> None:
+    """One device: claim, heartbeat, post a result, again, until the time is up; paced to one op per
+    `interval` seconds when it is set (the first at a random offset, so the devices do not march together)."""
+    from muninn_worker import signing, tensors
+
+    headers = {"Authorization": f"Device {device['token']}"}
+    next_at = start + rng.uniform(0, interval)
+
+    async def op(name: str, method: str, path: str, **kwargs) -> tuple[int, dict | bytes | None]:
+        nonlocal next_at
+        if interval:
+            now = time.monotonic()
+            if next_at > now:
+                await asyncio.sleep(next_at - now)
+            next_at = max(next_at + interval, time.monotonic())
+        t0 = time.monotonic()
+        try:
+            async with session.request(method, path, headers=headers, **kwargs) as response:
+                body = await response.read()
+                status = response.status
+        except aiohttp_errors() as e:
+            status, body = 599, str(e).encode()
+        t1 = time.monotonic()
+        if t1 <= stop_at:  # only what finished inside the window counts
+            stats.latencies[name].append(t1 - t0)
+            stats.statuses[name][status] += 1
+        if status >= 300 and status != 409 and len(stats.errors) < 20:
+            stats.errors.append(f"{name} {status}: {body[:200]!r}")
+        if status == 200 and body[:1] == b"{":
+            return status, json.loads(body)
+        return status, body
+
+    async def fetch_weights(unit_id: int) -> dict:
+        status, body = await op("weights", "GET", f"/api/worker/units/{unit_id}/weights")
+        if status != 200:
+            raise RuntimeError(f"weights download failed: {status} {body[:200]!r}")
+        return tensors.bytes_to_state_dict(body)
+
+    while time.monotonic() < stop_at:
+        status, answer = await op("claim", "POST", "/api/worker/claim", json={})
+        if status == 204:
+            stats.empty_claims += 1
+            await asyncio.sleep(0.5)
+            continue
+        if status != 200:
+            await asyncio.sleep(0.5)
+            continue
+        claimed = time.monotonic()
+        unit = answer["unit"]
+        for _ in range(options.heartbeats):
+            await op("heartbeat", "POST", f"/api/worker/units/{unit['id']}/heartbeat")
+        state = await cache.state(unit["weights_sha256"], lambda: fetch_weights(unit["id"]))
+        weights, receipt = _result(unit, state, claimed, rng)
+        body = json.dumps(receipt)
+        form = _form(weights, body, signing.sign(device["key"], body.encode()))
+        sent = time.monotonic()
+        status, _ = await op("result", "POST", f"/api/worker/units/{unit['id']}/result", data=form)
+        stats.leases[unit["id"]].append((device["id"], claimed, sent if status == 201 else claimed))
+
+
+def aiohttp_errors() -> tuple[type[BaseException], ...]:
+    import aiohttp
+
+    return (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def _result(unit: dict, state: dict, claimed: float, rng: random.Random) -> tuple[bytes, dict]:
+    """The global weights nudged a little: a valid, unique result that passes every check of the site."""
+    import torch
+    from muninn_worker import tensors
+
+    generator = torch.Generator().manual_seed(rng.getrandbits(62))
+    out = tensors.state_dict_to_bytes({name: (value + 1e-3 * torch.randn(value.shape, generator=generator)
+                                              if value.is_floating_point() else value)
+                                       for name, value in state.items()})
+    now = datetime.now(UTC)
+    seconds = time.monotonic() - claimed
+    receipt = {
+        "unit": unit["id"], "weights_sha256": unit["weights_sha256"], "shard_sha256": unit["shard_sha256"],
+        "output_sha256": tensors.sha256_hex(out), "samples": unit["samples"],
+        "steps": math.ceil(unit["samples"] / unit["train"]["batch_size"]), "loss_before": 2.30, "loss_after": 2.29,
+        "started_at": now.isoformat(), "finished_at": now.isoformat(), "train_seconds": seconds,
+    }
+    return out, receipt
+
+
+def _form(weights: bytes, receipt: str, signature: str):
+    import aiohttp
+
+    form = aiohttp.FormData()
+    form.add_field("weights", weights, filename="weights.safetensors", content_type="application/octet-stream")
+    form.add_field("receipt", receipt)
+    form.add_field("signature", signature)
+    return form
+
+
+# --- CPU used, by whom -----------------------------------------------------------------------------
+
+def _cpu_seconds(web_pid: int, database_url: str) -> dict[str, float]:
+    """CPU seconds so far of gunicorn (master and workers), of the PostgreSQL backends serving this
+    database, and of this process (the simulated devices). On a shared machine wall-clock rates swing
+    with everyone else's load; CPU per op moves much less."""
+    tick = os.sysconf("SC_CLK_TCK")
+    database = urlsplit(database_url).path.lstrip("/")
+    web = db = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        if int(entry.name) == web_pid or int(fields[1]) == web_pid:
+            web += seconds
+        elif cmdline.startswith("postgres:") and f" {database} " in cmdline:
+            db += seconds
+    return {"web": web, "database": db, "devices": time.process_time()}
+
+
+# --- Double leases seen by the database -----------------------------------------------------------
+
+def _database_double_leases() -> dict:
+    """Units whose Lease rows overlap in time. A lease is valid from its creation until its receipt (the
+    result that ended it), or else until it expires; heartbeats only make that longer, so this is a floor
+    on each lease's validity and any overlap found is a real double lease."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.db import connection
+    from django.db.models import Count
+
+    from contributors.models import Lease, Receipt
+
+    connection.close()  # the server wrote meanwhile; start a fresh connection
+    base = timedelta(seconds=settings.MUNINN_LEASE_SECONDS)
+    multi = list(Lease.objects.values("unit_id").annotate(n=Count("id")).filter(n__gt=1).values_list("unit_id",
+                                                                                                        flat=True))
+    ends = dict(Receipt.objects.filter(lease__unit_id__in=multi).values_list("lease_id", "created_at"))
+    doubles = 0
+    for unit_id in multi:
+        leases = list(Lease.objects.filter(unit_id=unit_id).order_by("created_at", "id"))
+        if any(b.created_at < ends.get(a.pk, a.created_at + base) for a, b in zip(leases, leases[1:])):
+            doubles += 1
+    return {"leases": Lease.objects.count(), "units_leased_again": len(multi), "double_leases": doubles,
+            "receipts": dict(Receipt.objects.values_list("status").annotate(n=Count("id")).order_by())}
+
+
+def _client_double_leases(stats: Stats) -> tuple[int, int]:
+    """(units leased to more than one device, of which overlapping): a lease is known valid from its claim's
+    answer until its accepted result was sent, and at least at its claim's answer otherwise."""
+    again = doubles = 0
+    for leases in stats.leases.values():
+        if len(leases) < 2:
+            continue
+        again += 1
+        leases = sorted(leases, key=lambda lease: lease[1])
+        if any(b[1] < a[2] for a, b in zip(leases, leases[1:])):
+            doubles += 1
+    return again, doubles
+
+
+# --- The report -----------------------------------------------------------------------------------
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str) -> None:
+    load = os.getloadavg()
+    print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
+          f"{world.units:,} queued units, set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
+          f"{options.threads} threads; {options.heartbeats} heartbeat(s) per unit; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+    figures: dict = {}
+    for phase, stats in phases.items():
+        title = "as fast as they can" if phase == "saturated" else f"paced to {options.rate:g} ops/s"
+        print(f"\n{phase} ({title}, {options.seconds:g} s)")
+        print(f"{'op':11}{'ok':>8}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'409':>7}{'errors':>8}")
+        for name in ["claim", "heartbeat", "weights", "result", None]:
+            if name is not None and name not in stats.statuses:
+                continue
+            lat = stats.latencies[name] if name else [x for v in stats.latencies.values() for x in v]
+            print(f"{name or 'all':11}{stats.ok(name):>8}{stats.ok(name) / options.seconds:>9.1f}"
+                  f"{_quantile(lat, 0.5) * 1e3:>9.1f}{_quantile(lat, 0.99) * 1e3:>9.1f}"
+                  f"{stats.conflicts(name):>7}{stats.failed(name):>8}")
+        ok = max(stats.ok(), 1)
+        per_op = {k: v / ok * 1e3 for k, v in stats.cpu.items()}
+        server = per_op.get("web", 0.0) + per_op.get("database", 0.0)
+        print(f"CPU per ok op: web {per_op.get('web', 0):.1f} ms, database {per_op.get('database', 0):.1f} ms, "
+              f"devices {per_op.get('devices', 0):.1f} ms; the site alone on {os.cpu_count()} idle cores: "
+              f"~{os.cpu_count() * 1e3 / server if server else float('nan'):.0f} ops/s")
+        again, doubles = _client_double_leases(stats)
+        print(f"empty claims (204) {stats.empty_claims}; units leased again {again}, overlapping (client) {doubles}")
+        all_lat = [x for v in stats.latencies.values() for x in v]
+        figures[phase] = {"ops_per_s": round(stats.ok() / options.seconds, 1),
+                          "p50_ms": round(_quantile(all_lat, 0.5) * 1e3, 1),
+                          "p99_ms": round(_quantile(all_lat, 0.99) * 1e3, 1),
+                          "results_per_s": round(stats.ok("result") / options.seconds, 1),
+                          "errors": stats.failed(), "conflicts": stats.conflicts(), "client_double_leases": doubles,
+                          "empty_claims": stats.empty_claims,
+                          "cpu_ms_per_op": {k: round(v, 2) for k, v in per_op.items()},
+                          "cpu_bound_ops_per_s": round(os.cpu_count() * 1e3 / server, 1) if server else None}
+        for message in stats.errors[:5]:
+            print(f"  error: {message}")
+    print(f"\ndatabase: {db['leases']:,} leases, {db['units_leased_again']} units leased more than once, "
+          f"{db['double_leases']} with overlapping leases; receipts {db['receipts']}")
+    if "Traceback" in web_log:
+        print("the web log has tracebacks: " + web_log[web_log.index("Traceback"):][:600])
+    if plans:
+        print(f"\nround planning (best of {options.plan_repeats}; {plans[PLAN_SIZES[0]]['n_train']:,} training rows)")
+        print(f"{'devices':>8}{'units':>7}{'round_open ms':>15}{'(worst)':>9}{'CPU ms':>8}{'plan_shards ms':>16}")
+    for size, t in plans.items():
+        print(f"{size:>8}{t['units']:>7}{t['round_open_ms']:>15.1f}{t['round_open_max_ms']:>9.1f}"
+              f"{t['round_open_cpu_ms']:>8.1f}{t['plan_shards_ms']:>16.3f}")
+    client_doubles = max(f["client_double_leases"] for f in figures.values())
+    print(json.dumps({
+        "ops_per_s": figures["saturated"]["ops_per_s"], "p50_ms": figures["paced"]["p50_ms"],
+        "p99_ms": figures["paced"]["p99_ms"], "double_leases": max(client_doubles, db["double_leases"]),
+        "errors": sum(f["errors"] for f in figures.values()),
+        "paced_ops_per_s": figures["paced"]["ops_per_s"], "saturated_p99_ms": figures["saturated"]["p99_ms"],
+        "saturated_results_per_s": figures["saturated"]["results_per_s"],
+        "cpu_ms_per_op": figures["saturated"]["cpu_ms_per_op"],
+        "cpu_bound_ops_per_s": figures["saturated"]["cpu_bound_ops_per_s"],
+        "conflicts": sum(f["conflicts"] for f in figures.values()),
+        "client_double_leases": client_doubles, "db_double_leases": db["double_leases"],
+        **{f"plan_ms_{size}": round(t["round_open_ms"], 1) for size, t in plans.items()},
+        **{f"plan_cpu_ms_{size}": round(t["round_open_cpu_ms"], 1) for size, t in plans.items()},
+        **{f"plan_shards_ms_{size}": round(t["plan_shards_ms"], 3) for size, t in plans.items()},
+        "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
+        "workers": options.workers, "threads": options.threads, "load_average": round(load[0], 2),
+    }))
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase (default 20)")
+    parser.add_argument("--rate", type=float, default=500.0, help="ops/s of the paced phase, all devices (default 500)")
+    parser.add_argument("--heartbeats", type=int, default=1, help="heartbeats per unit (default 1)")
+    parser.add_argument("--units", type=int, default=0,
+                        help="queued units to start with (default 40 per device: enough for both phases)")
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes (default 3)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
+    parser.add_argument("--new-devices", action="store_true", help="devices start new (every result re-executed)")
+    parser.add_argument("--skip-planning", action="store_true", help="only the load phases")
+    parser.add_argument("--plan-repeats", type=int, default=3, help="timed round_open runs per size (default 3)")
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
+                        help=f"PostgreSQL database to DROP and recreate (default {DEFAULT_DATABASE_URL})")
+    parser.add_argument("--broker", default="muninnfs://",
+                        help="Celery broker the site queues its tasks on (default: a filesystem one in the run's "
+                             "temporary folder; nothing consumes them)")
+    options = parser.parse_args()
+    for name in ("devices", "seconds", "rate", "workers", "threads", "plan_repeats"):
+        if getattr(options, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if not options.database_url.startswith(("postgres://", "postgresql://")):
+        parser.error("--database-url must be a PostgreSQL URL: the claims need SKIP LOCKED")
+    options.units = options.units or 40 * options.devices
+    return options
+
+
+if __name__ == "__main__":
+    sys.exit(main())
