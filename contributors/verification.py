@@ -15,6 +15,7 @@ from muninn_worker import tensors, training
 
 from jobs import services as jobs
 from jobs import storage
+from muninn.failpoints import failpoint
 
 from . import checks, results, services
 from .checks import ResultRejected
@@ -59,6 +60,7 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
         results.credit(unit=unit, receipt=receipt)
         if round_complete:
             results.aggregate_on_commit(unit.round_id)
+        failpoint("verify.before_commit")
     return receipt
 
 

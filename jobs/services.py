@@ -16,6 +16,7 @@ from django.utils import timezone
 from muninn_worker import tensors, training, zoo
 
 from muninn.errors import Conflict, InvalidInput, TooLarge
+from muninn.failpoints import failpoint
 
 from . import datasets, estimate, preparation, robust, storage
 from .models import Dataset, Job, Round, WorkUnit
@@ -282,6 +283,7 @@ def round_aggregate(*, round_id: int) -> Round:
         job.save(update_fields=["global_weights_sha256", "metrics"])
         if rnd.number >= job.rounds:
             _job_end(job, Job.Status.SUCCEEDED)
+        failpoint("aggregate.before_commit")
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
     return rnd
 
