@@ -64,8 +64,11 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
     return receipt
 
 
-def pending_units(*, older_than_s: float = 60) -> list[int]:
-    """Units whose re-execution has waited too long (a lost task): the sweep enqueues them again."""
+def pending_units(*, older_than_s: float | None = None) -> list[int]:
+    """Units whose re-execution has waited too long (a lost task; by default 2 × MUNINN_STALL_SECONDS): the sweep
+    enqueues them again."""
+    if older_than_s is None:
+        older_than_s = 2 * settings.MUNINN_STALL_SECONDS
     cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
     return list(Receipt.objects.filter(status=Receipt.Status.PENDING, created_at__lt=cutoff)
                 .values_list("unit_id", flat=True))

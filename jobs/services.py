@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import torch
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, F, Q, When
+from django.db.models import Case, F, Max, Q, When
 from django.utils import timezone
 from muninn_worker import tensors, training, zoo
 
@@ -326,6 +326,33 @@ def rounds_overdue(*, now: datetime | None = None) -> list[int]:
     return list(
         Round.objects.filter(status=Round.Status.OPEN, deadline_at__lt=now,
                              units__status=WorkUnit.Status.ACCEPTED).values_list("id", flat=True).distinct()
+    )
+
+
+def rounds_stalled(*, now: datetime | None = None) -> list[int]:
+    """Open rounds whose every unit is done (accepted, or cancelled, with at least one accepted) and whose last
+    result came in more than MUNINN_STALL_SECONDS ago, yet were never aggregated: the aggregation's message was
+    lost (a broker restarted) or the worker running it was killed (its unacknowledged message comes back only
+    after the broker's visibility timeout). Aggregating them again is safe: round_aggregate is idempotent."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_STALL_SECONDS)
+    busy = [WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING]
+    return list(
+        Round.objects.filter(status=Round.Status.OPEN, job__status=Job.Status.RUNNING)
+        .exclude(units__status__in=busy)
+        .annotate(last_accepted=Max("units__accepted_at"))
+        .filter(last_accepted__lt=cutoff).order_by("id").values_list("id", flat=True)
+    )
+
+
+def jobs_stalled(*, now: datetime | None = None) -> list[int]:
+    """Running jobs with rounds still to go and no open round for more than MUNINN_STALL_SECONDS: the message that
+    opens the first round (job_start) was lost with a broker restart. Opening it again is safe: round_open is
+    idempotent."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_STALL_SECONDS)
+    return list(
+        Job.objects.filter(status=Job.Status.RUNNING, current_round__lt=F("rounds"), started_at__lt=cutoff)
+        .exclude(round_set__status=Round.Status.OPEN).exclude(round_set__closed_at__gte=cutoff)
+        .order_by("id").values_list("id", flat=True)
     )
 
 
