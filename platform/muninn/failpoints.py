@@ -5,6 +5,7 @@ or restart something; unset (always, outside that suite) each call is one dictio
 
     aggregate.before_commit   jobs.services.round_aggregate: the new global model is computed, not yet committed
     verify.before_commit      contributors.verification.unit_verify: re-executed, the verdict not yet committed
+    result.before_commit      contributors.results: a device's result accepted (and credited), not yet committed
 """
 from muninn_worker.failpoints import Failpoints
 
