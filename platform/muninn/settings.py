@@ -150,6 +150,9 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a worker killed mid-task leaves its task on the queue; tasks are idempotent
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# When the broker connection drops mid-task, let the task finish its (idempotent) work rather than cancel it: its
+# ack is lost either way, and a redelivery finds the work done. Said explicitly: Celery 6 changes the default.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
