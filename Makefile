@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export PYTHONPATH := $(CURDIR)/platform:$(CURDIR)
 
-.PHONY: setup migrate run demo test bench-deps clean
+.PHONY: setup migrate run demo test test-fast bench-deps clean
 
 $(VENV)/.installed: pyproject.toml worker_client/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,9 @@ demo: setup  ## headless end to end: 3 worker clients train a 10-round FedAvg ML
 
 test: setup  ## the whole suite, on the local PostgreSQL and Redis (started if they are not answering)
 	bash scripts/test.sh
+
+test-fast: setup  ## for quick local runs: everything but the real-process suites (CI runs them all: `make test`)
+	bash scripts/test.sh -m "not faults and not e2e"
 
 bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate.py), aiohttp (bench/load.py)
 	# --no-deps: flwr pins packaging<26 (kombu pins 26.3) and pulls ~35 server packages; this is the minimal

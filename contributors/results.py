@@ -13,6 +13,7 @@ from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
+from muninn.failpoints import failpoint
 
 from . import checks, reputation, services
 from .authentication import touch
@@ -41,8 +42,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     retrying after a lost answer) returns the original receipt."""
     touch(device)
     output_sha = storage.sha256_hex(weights)
-    repeat = Receipt.objects.filter(unit_id=unit_id, device=device, output_sha256=output_sha,
-                                    status__in=[Receipt.Status.ACCEPTED, Receipt.Status.PENDING]).first()
+    repeat = _live_receipt(device, unit_id, output_sha)
     if repeat is not None:  # the same upload again (the first answer was lost on the way): same answer
         return repeat
     try:
@@ -76,8 +76,27 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     evidence["reexecute"] = {"rate": reputation.reexecution_rate(device.verified_streak), "chosen": verify}
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
                "train_seconds": receipt["train_seconds"], "update_norm": evidence["update_norm"]}
+    try:
+        return _accept(device=device, unit=unit, lease=lease, receipt=receipt, signature=signature,
+                       evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics, verify=verify)
+    except Conflict:
+        # The same upload, delivered twice at once (a client that timed out and sent it again while this one was
+        # being checked): the other delivery won the unit's lock; this one gets the same answer.
+        repeat = _live_receipt(device, unit_id, output_sha)
+        if repeat is not None:
+            return repeat
+        raise
+
+
+def _live_receipt(device: Device, unit_id: int, output_sha: str) -> Receipt | None:
+    return Receipt.objects.filter(unit_id=unit_id, device=device, output_sha256=output_sha,
+                                  status__in=[Receipt.Status.ACCEPTED, Receipt.Status.PENDING]).first()
+
+
+def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, signature: str, evidence: dict,
+            output_sha: str, result_sha: str, metrics: dict, verify: bool) -> Receipt:
     with transaction.atomic():
-        unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=state_sha,
+        unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=result_sha,
                                                 samples=receipt["samples"], metrics=metrics, verify=verify)
         stored = Receipt.objects.create(
             unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
@@ -96,6 +115,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
             credit(unit=unit, receipt=stored)
         if round_complete:
             aggregate_on_commit(unit.round_id)
+        failpoint("result.before_commit")
     return stored
 
 
@@ -119,13 +139,14 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples), output_sha256=output_sha)
     live = list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
-                .order_by("id").values_list("id", "device_id"))
-    if any(device_id == device.pk for _, device_id in live):
+                .order_by("id").values_list("id", "device_id", "unit_id"))
+    # Another unit's: the same unit's is this very upload delivered twice, which result_submit answers as a repeat.
+    if any(device_id == device.pk and unit_id != unit.pk for _, device_id, unit_id in live):
         raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
     # The same bytes from another device: one of the two claims is false, and hashes cannot say which
     # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
     # Re-execution decides; the newcomer is never refused on the other device's word.
-    collision = live[0][0] if live else None
+    collision = next((receipt_id for receipt_id, device_id, _ in live if device_id != device.pk), None)
     reference = tensors.bytes_to_state_dict(reference_bytes)
     state = checks.decode_update(weights, reference, unit.round.job.update_encoding,
                                  max_inflated_bytes=checks.max_update_bytes(len(reference_bytes)))

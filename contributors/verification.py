@@ -17,6 +17,7 @@ from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
 from muninn.errors import Conflict
+from muninn.failpoints import failpoint
 
 from . import checks, results, services
 from .checks import ResultRejected
@@ -71,6 +72,7 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
         results.credit(unit=unit, receipt=receipt)
         if round_complete:
             results.aggregate_on_commit(unit.round_id)
+        failpoint("verify.before_commit")
     return receipt
 
 
@@ -85,8 +87,11 @@ def _superseded(receipt_id: int) -> Receipt:
     return receipt
 
 
-def pending_units(*, older_than_s: float = 60) -> list[int]:
-    """Units whose re-execution has waited too long (a lost task): the sweep enqueues them again."""
+def pending_units(*, older_than_s: float | None = None) -> list[int]:
+    """Units whose re-execution has waited too long (a lost task; by default 2 × MUNINN_STALL_SECONDS): the sweep
+    enqueues them again."""
+    if older_than_s is None:
+        older_than_s = 2 * settings.MUNINN_STALL_SECONDS
     cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
     return list(Receipt.objects.filter(status=Receipt.Status.PENDING, created_at__lt=cutoff)
                 .values_list("unit_id", flat=True))

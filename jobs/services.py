@@ -11,12 +11,13 @@ from datetime import datetime, timedelta
 import torch
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Max, Q
 from django.utils import timezone
 from muninn_worker import flops as worker_flops
 from muninn_worker import tensors, training, zoo
 
 from muninn.errors import Conflict, InvalidInput, TooLarge
+from muninn.failpoints import failpoint
 
 from . import algorithms, datasets, deadlines, estimate, preparation, robust, storage
 from .models import Dataset, Job, Round, WorkUnit
@@ -307,6 +308,7 @@ def round_aggregate(*, round_id: int) -> Round:
         job.save(update_fields=["global_weights_sha256", "outer_momentum_sha256", "metrics"])
         if rnd.number >= job.rounds:
             _job_end(job, Job.Status.SUCCEEDED)
+        failpoint("aggregate.before_commit")
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
     return rnd
 
@@ -422,6 +424,33 @@ def units_reissue_stragglers(*, now: datetime | None = None) -> list[int]:
             created += [b.pk for b in backups]
         log.info("job round %s: re-issued %s straggler unit(s)", round_id, len(stragglers))
     return created
+
+
+def rounds_stalled(*, now: datetime | None = None) -> list[int]:
+    """Open rounds whose every unit is done (accepted, or cancelled, with at least one accepted) and whose last
+    result came in more than MUNINN_STALL_SECONDS ago, yet were never aggregated: the aggregation's message was
+    lost (a broker restarted) or the worker running it was killed (its unacknowledged message comes back only
+    after the broker's visibility timeout). Aggregating them again is safe: round_aggregate is idempotent."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_STALL_SECONDS)
+    busy = [WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING]
+    return list(
+        Round.objects.filter(status=Round.Status.OPEN, job__status=Job.Status.RUNNING)
+        .exclude(units__status__in=busy)
+        .annotate(last_accepted=Max("units__accepted_at"))
+        .filter(last_accepted__lt=cutoff).order_by("id").values_list("id", flat=True)
+    )
+
+
+def jobs_stalled(*, now: datetime | None = None) -> list[int]:
+    """Running jobs with rounds still to go and no open round for more than MUNINN_STALL_SECONDS: the message that
+    opens the first round (job_start) was lost with a broker restart. Opening it again is safe: round_open is
+    idempotent."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_STALL_SECONDS)
+    return list(
+        Job.objects.filter(status=Job.Status.RUNNING, current_round__lt=F("rounds"), started_at__lt=cutoff)
+        .exclude(round_set__status=Round.Status.OPEN).exclude(round_set__closed_at__gte=cutoff)
+        .order_by("id").values_list("id", flat=True)
+    )
 
 
 # --- Work units -----------------------------------------------------------------------------------

@@ -52,3 +52,15 @@ def close_overdue_rounds() -> None:
     services.units_reissue_stragglers()
     for round_id in services.rounds_overdue():
         aggregate_round(round_id)
+
+
+@shared_task(name="jobs.tasks.resume_stalled_jobs")
+def resume_stalled_jobs() -> None:
+    """Beat's safety net for lost messages: aggregate finished rounds nobody aggregated, open rounds nobody
+    opened. Both services are idempotent, so a message that was only slow, not lost, does no harm."""
+    for round_id in services.rounds_stalled():
+        log.warning("round %s: every unit is done but it was never aggregated; aggregating it now", round_id)
+        aggregate_round(round_id)
+    for job_id in services.jobs_stalled():
+        log.warning("job %s: running with no open round; opening its next round now", job_id)
+        open_round(job_id)

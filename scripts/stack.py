@@ -55,17 +55,18 @@ class Stack:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
         return out.stdout
 
-    def web(self, port: int, *, workers: int = 2, threads: int = 4) -> str:
-        self.spawn("web", [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                           "--workers", str(workers), "--threads", str(threads), "--timeout", "120"])
+    def web(self, port: int, name: str = "web", env: dict[str, str] | None = None, *, workers: int = 2,
+            threads: int = 4) -> str:
+        self.spawn(name, [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"127.0.0.1:{port}",
+                          "--workers", str(workers), "--threads", str(threads), "--timeout", "120"], env)
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/healthz")
         return url
 
-    def celery_worker(self, name: str = "celery-worker") -> subprocess.Popen:
+    def celery_worker(self, name: str = "celery-worker", env: dict[str, str] | None = None) -> subprocess.Popen:
         return self.spawn(name, [str(VENV_BIN / "celery"), "-A", "muninn", "worker", "--loglevel=INFO",
                                  "--concurrency=1", "--pool=solo", "--without-mingle", "--without-gossip",
-                                 "--queues", "celery,validation"])
+                                 "--queues", "celery,validation"], env)
 
     def celery_beat(self) -> subprocess.Popen:
         return self.spawn("celery-beat", [str(VENV_BIN / "celery"), "-A", "muninn", "beat", "--loglevel=INFO",
@@ -80,24 +81,33 @@ class Stack:
             raise RuntimeError(f"muninn-worker register failed:\n{out.stdout}\n{out.stderr}")
         return config
 
-    def worker_client(self, name: str, config: Path, *extra: str) -> subprocess.Popen:
+    def worker_client(self, name: str, config: Path, *extra: str, env: dict[str, str] | None = None
+                      ) -> subprocess.Popen:
         return self.spawn(name, [str(VENV_BIN / "muninn-worker"), "run", "--config", str(config),
-                                 "--cache-dir", str(self.log_dir / f"{name}-cache"), *extra])
+                                 "--cache-dir", str(self.log_dir / f"{name}-cache"), *extra], env)
 
     def stop(self, name: str | None = None, sig: int = signal.SIGTERM) -> None:
-        for proc_name, proc in list(self.procs):
-            if name is not None and proc_name != name:
-                continue
+        chosen = [proc for proc_name, proc in self.procs if name is None or proc_name == name]
+        for proc in chosen:  # signal them all first, so that they shut down side by side
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, sig)
                 except ProcessLookupError:
                     pass
+        for proc in chosen:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+    def wait_for_log(self, name: str, text: str, timeout: float = 90.0) -> None:
+        """Until the process's log shows `text` (e.g. a failpoint's "failpoint NAME reached")."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log(name):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not log {text!r} within {timeout:.0f}s:\n{self.log(name)[-3000:]}")
+            time.sleep(0.1)
 
     def log(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"

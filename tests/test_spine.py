@@ -10,6 +10,8 @@ from contributors.models import Receipt
 from jobs import services as jobs
 from jobs.models import Job, Round, WorkUnit
 
+from . import invariants
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -33,15 +35,7 @@ def run_until_done(devices, job_id: int, max_steps: int = 200) -> Job:
 
 
 def assert_ledger_consistent(job: Job) -> None:
-    assert ledger.ledger_total() == 0
-    for txn in Transaction.objects.all():
-        assert sum(e.amount for e in txn.entries.all()) == 0
-    charges = Transaction.objects.filter(kind=Transaction.Kind.CHARGE, job=job)
-    for charge in charges:
-        assert Receipt.objects.filter(unit=charge.unit, status=Receipt.Status.ACCEPTED).count() == 1
-    assert charges.count() == WorkUnit.objects.filter(round__job=job, status=WorkUnit.Status.ACCEPTED).count()
-    money = ledger.job_money(job=job)
-    assert money["charged"] <= money["quoted"]
+    invariants.assert_ledger_invariants(job)
 
 
 def test_job_trains_to_a_better_model_and_credits_contributors(customer_api, digits_dataset, make_device,

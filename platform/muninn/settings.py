@@ -138,15 +138,32 @@ if CELERY_BROKER_URL.startswith(("muninnfs://", "filesystem://")):
     }
     for _d in ("queue", "control"):
         (_broker_dir / _d).mkdir(parents=True, exist_ok=True)
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # A task is acknowledged when it ends (acks_late), so Redis keeps each delivered message aside until then and
+    # hands it out again after this many seconds without an ack. It must outlast the longest task (a
+    # re-execution of a whole round's unit can take most of an hour): shorter, and a task still running is run a
+    # second time beside itself. Nothing waits on it for recovery: a killed worker's work is picked up within
+    # MUNINN_STALL_SECONDS by beat's sweepers (resume-stalled-jobs, sweep-pending-verifications); this only
+    # bounds when its message itself comes back, to find the work done. Celery's default, said out loud.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("MUNINN_BROKER_VISIBILITY_TIMEOUT",
+                                                                     default=3600)}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True  # a worker killed mid-task leaves its task on the queue; tasks are idempotent
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# When the broker connection drops mid-task, let the task finish its (idempotent) work rather than cancel it: its
+# ack is lost either way, and a redelivery finds the work done. Said explicitly: Celery 6 changes the default.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ROUTES = {"contributors.tasks.verify_unit": {"queue": "validation"}}
+# A round or job whose message was lost (a broker restart, a killed worker) is resumed after this long;
+# a re-execution waiting twice as long is enqueued again. Short in the fault suite, so its scenarios stay quick.
+MUNINN_STALL_SECONDS = env.int("MUNINN_STALL_SECONDS", default=30)
 CELERY_BEAT_SCHEDULE = {
-    "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications", "schedule": 30.0},
+    "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications",
+                                    "schedule": float(MUNINN_STALL_SECONDS)},
+    "resume-stalled-jobs": {"task": "jobs.tasks.resume_stalled_jobs", "schedule": MUNINN_STALL_SECONDS / 3},
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 5.0},  # + re-issues stragglers
     "clear-earnings": {"task": "billing.tasks.clear_earnings", "schedule": 600.0},

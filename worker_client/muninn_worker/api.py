@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import requests
+from urllib3.filepost import encode_multipart_formdata
 
 from muninn_worker import __version__
 from muninn_worker.cache import ContentCache
+from muninn_worker.failpoints import failpoint
 from muninn_worker.retry import NETWORK_ERRORS, RetryHook, call_with_retry
 from muninn_worker.signing import sign
 
@@ -142,16 +144,24 @@ class ApiClient:
         return self._json(response)
 
     def submit_result(self, unit_id: int, weights_bytes: bytes, receipt: dict) -> dict:
-        """POST the trained weights (multipart `weights`) with the JSON `receipt` and its signature."""
-        body = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
-        data = {"receipt": body}
+        """POST the trained weights (multipart `weights`) with the JSON `receipt` and its signature.
+
+        Every attempt sends the same bytes (the same signature too), so a retry after a lost answer is
+        recognised by the site as the same upload."""
+        text = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
+        fields: dict[str, Any] = {"receipt": text}
         if self.signing_key:
-            data["signature"] = sign(self.signing_key, body.encode())
-        response = self._request(
-            "POST", f"/api/worker/units/{int(unit_id)}/result",
-            files={"weights": ("weights.safetensors", weights_bytes, "application/octet-stream")},
-            data=data, expected=(200, 201),
+            fields["signature"] = sign(self.signing_key, text.encode())
+        fields["weights"] = ("weights.safetensors", weights_bytes, "application/octet-stream")
+        body, content_type = encode_multipart_formdata(fields)
+        url = f"{self.server_url}/api/worker/units/{int(unit_id)}/result"
+        headers = {**self._headers("device"), "Content-Type": content_type}
+        # A fresh reader per attempt: a retry after a connection cut mid-body must send the whole body again.
+        response = self._retry(
+            lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
         )
+        if response.status_code not in (200, 201):
+            raise _error_from(response)
         return self._json(response)
 
     # ------------------------------------------------------------------------------------- plumbing
@@ -199,6 +209,32 @@ class ApiClient:
         if not isinstance(body, dict):
             raise ApiError(response.status_code, "bad_response", "the server answered JSON that is not an object")
         return body
+
+
+class _UploadBody:
+    """An upload body read in blocks (requests sends a file-like object with a length as it reads it). Halfway
+    through, the `upload.mid_body` failpoint: a fault test pauses there and kills the process, leaving the site
+    with a truncated request."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._sent = 0
+        self._paused = False
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def read(self, size: int = -1) -> bytes:
+        half = len(self._data) // 2
+        if self._sent == half and not self._paused:
+            self._paused = True
+            failpoint("upload.mid_body")
+        end = len(self._data) if size is None or size < 0 else self._sent + size
+        if self._sent < half:
+            end = min(end, half)  # stop at the half, so that the failpoint pauses exactly there
+        chunk = self._data[self._sent:end]
+        self._sent += len(chunk)
+        return chunk
 
 
 def _chunks(response: requests.Response, progress: DownloadProgress | None) -> Iterator[bytes]:

@@ -23,6 +23,7 @@ import torch
 from muninn_worker import codec
 from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import ContentCache
+from muninn_worker.failpoints import failpoint
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
 from muninn_worker.training import TrainResult, train_local
@@ -181,6 +182,7 @@ def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat,
 
     def progress(epoch: int, epochs: int, loss: float) -> None:
         log.info("unit %s: epoch %d/%d loss %.4f", spec.id, epoch, epochs, loss)
+        failpoint("train.after_epoch")
         heartbeat.check()  # abort early rather than finish work nobody will accept
 
     spec.started_at = utc_now_iso()

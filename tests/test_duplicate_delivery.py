@@ -1,0 +1,82 @@
+"""The same signed upload delivered twice at once (a client that timed out and sent it again while the site was
+still checking the first): one receipt, one credit, the same answer to both, and nothing held against the device.
+The first delivery is held just before it commits (a failpoint), so the second meets it there every time."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+import muninn.failpoints
+from billing.models import Transaction
+from contributors import results
+from contributors.models import DeviceEvent, Receipt
+from jobs import storage
+from muninn_worker import signing
+from muninn_worker.failpoints import Failpoints
+
+from .test_spine import create_job
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def first_delivery_pauses_before_commit(monkeypatch):
+    monkeypatch.setattr(muninn.failpoints, "_site", Failpoints(
+        "MUNINN_FAILPOINTS", environ={"MUNINN_FAILPOINTS": "result.before_commit=1*sleep:3"}))
+
+
+def test_a_result_delivered_twice_at_once_gets_one_receipt_and_the_same_answer(
+        customer_api, digits_dataset, make_device, first_delivery_pauses_before_commit):
+    if connection.vendor != "postgresql":
+        pytest.fail("needs PostgreSQL (row locks between two requests): run it through `make test`")
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=2)
+    unit = device.claim()
+    weights, receipt = device.train(unit)
+    answers = {}
+
+    def deliver(key: str) -> None:
+        try:
+            answers[key] = device.submit(unit["id"], weights, receipt)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=deliver, args=("first",))
+    first.start()
+    paused = muninn.failpoints._site._actions["result.before_commit"]
+    deadline = time.monotonic() + 60
+    while paused.remaining and first.is_alive():  # until the first delivery holds the unit, uncommitted
+        assert time.monotonic() < deadline, "the first delivery never reached its commit"
+        time.sleep(0.01)
+    deliver("again")
+    first.join()
+
+    assert answers["first"].status_code == 201, answers["first"].content
+    assert answers["again"].status_code == 201, answers["again"].content
+    assert answers["again"].json() == answers["first"].json()
+    assert Receipt.objects.filter(unit_id=unit["id"]).count() == 1
+    assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit["id"]).count() <= 1
+    assert not DeviceEvent.objects.filter(device=device.device).exists()
+
+
+def test_a_live_result_of_the_same_unit_is_not_a_replay(customer_api, digits_dataset, make_device):
+    """The replay rule refuses a device's earlier weights sent for another unit; the same unit's live receipt is
+    this very upload again, which must never count as a failure."""
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=2)
+    unit = device.claim()
+    weights, receipt = device.train(unit)
+    assert device.submit(unit["id"], weights, receipt).status_code == 201
+    stored = Receipt.objects.get(unit_id=unit["id"])
+
+    body = json.dumps(receipt).encode()
+    evidence = results._check(device=device.device, unit=stored.unit, lease=stored.lease, weights=weights,
+                              output_sha=stored.output_sha256,
+                              reference_bytes=storage.blob_get(stored.unit.round.weights_sha256),
+                              receipt=receipt, receipt_bytes=body, signature=signing.sign(device.signing_key, body))
+
+    assert "same_bytes_as_receipt" not in evidence

@@ -1,0 +1,498 @@
+"""The fault suite: real processes (gunicorn, a Celery worker and beat on a private Redis, `muninn-worker` clients)
+on the test's PostgreSQL database; each scenario runs a small real job, injects one fault at a chosen moment, and
+checks that the job still succeeds, that every unit is credited at most once and that the books balance.
+
+Faults land where they are meant to by failpoints (muninn_worker/failpoints.py): a process pauses at a named
+place, prints `failpoint NAME reached`, and the test kills or restarts something then. One set of site processes
+serves every scenario (a scenario that needs other site processes replaces them), so the suite stays within a
+few minutes.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+from celery import Celery
+from kombu import Connection
+from django.conf import settings
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+from muninn_worker import signing, tensors, training, zoo
+from muninn_worker.api import ApiClient
+from muninn_worker.receipt import build_receipt, utc_now_iso
+from muninn_worker.runner import _Heartbeat
+
+from accounts import services as accounts
+from accounts.models import User
+from billing import money
+from billing import services as billing
+from billing.models import Transaction
+from contributors import services as contributors
+from contributors.models import Device, Lease, Receipt
+from jobs.models import Job, Round, WorkUnit
+from scripts.stack import Stack, base_env, free_port, wait_http
+
+from . import invariants
+from .conftest import CAPABILITIES, digits_npz
+
+pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
+JOB_TIMEOUT_S = 150
+LEASE_SECONDS = 6  # a dead device's unit is re-queued within a lease and a beat period (5 s)
+STALL_SECONDS = 5  # beat's sweepers pick up lost messages this soon
+SKEWED_CLOCK = Path(__file__).parent / "skewed_clock"
+# A job small enough to take seconds, with two epochs per unit so that "mid-training" is a real moment.
+HPARAMS = {"hidden": [32], "epochs": 2, "batch_size": 32, "lr": 0.05}
+_names = itertools.count(1)
+
+
+# --- the shared site: a private Redis, one database, web + Celery worker + beat -----------------------------
+
+class PrivateRedis:
+    """A redis-server of the suite's own (never the shared one), restartable on the same port."""
+
+    def __init__(self, log_dir: Path):
+        self.port, self.log_dir, self.proc = free_port(), log_dir, None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--daemonize", "no"],
+                                     stdout=open(self.log_dir / "redis.log", "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while not self._answers():
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()  # kill -9: whatever it held in memory is gone, as after a crash
+            self.proc.wait()
+
+    def restart(self, down_seconds: float = 1.0) -> None:
+        self.stop()
+        time.sleep(down_seconds)
+        self.start()
+
+    def _answers(self) -> bool:
+        try:
+            out = subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True,
+                                 timeout=2)
+        except subprocess.TimeoutExpired:
+            return False
+        return out.stdout.strip() == "PONG"
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@dataclass
+class Site:
+    stack: Stack
+    redis: PrivateRedis
+    port: int
+    url: str
+    web_name: str = "web"
+    worker_name: str = "celery-worker"
+    broker: Celery = field(init=False)
+
+    def __post_init__(self):
+        self.broker = Celery("faults", broker=self.redis.url, set_as_current=False)  # for send_task
+
+    def send_task(self, name: str, *args, queue: str = "celery"):
+        """Deliver a task to the real worker through the private broker (an explicit connection: Celery prefers
+        the CELERY_BROKER_URL of this process's environment, the shared Redis, to an app's own broker)."""
+        with Connection(self.redis.url) as conn:
+            return self.broker.send_task(name, args=list(args), queue=queue, connection=conn)
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        return {**self.stack.env, **overrides}
+
+    def replace_celery_worker(self, **env: str) -> str:
+        """Stop the Celery worker (SIGTERM: it finishes its task) and start another with this environment."""
+        self.stack.stop(self.worker_name)
+        self.worker_name = f"celery-worker-{next(_names)}"
+        self.stack.celery_worker(self.worker_name, env=self.env(**env))
+        return self.worker_name
+
+    def restart_web(self, sig: int = signal.SIGKILL) -> None:
+        """The web server goes down (kill -9 by default: requests in flight are cut) and comes back on its port."""
+        self.stack.stop(self.web_name, sig)
+        self.web_name = f"web-{next(_names)}"
+        self.stack.web(self.port, name=self.web_name)
+
+    def logs(self, *names: str) -> str:
+        names = names or (self.web_name, self.worker_name, "celery-beat")
+        return "\n".join(f"--- {n}\n{self.stack.log(n)[-4000:]}" for n in names)
+
+
+@pytest.fixture(scope="module")
+def site(django_db_setup, tmp_path_factory):
+    """Started once for the module; each test's database is flushed after it, as for any transactional test,
+    while these processes keep running (they hold no state of their own but the broker's messages)."""
+    from muninn.celery import app as celery_app
+
+    if connection.vendor != "postgresql":
+        pytest.fail("the fault suite needs PostgreSQL: run it through `make test`")
+
+    celery_app.conf.task_always_eager = False  # the module's own calls (job_start, ...) go to the real worker
+    log_dir = tmp_path_factory.mktemp("faults")
+    redis = PrivateRedis(log_dir)
+    redis.start()
+    env = base_env(DATABASE_URL=database_url(), CELERY_BROKER_URL=redis.url, MEDIA_ROOT=str(log_dir / "media"),
+                   MUNINN_VAR_DIR=str(log_dir / "var"), DEBUG="1", LOG_LEVEL="INFO",
+                   MUNINN_LEASE_SECONDS=str(LEASE_SECONDS), MUNINN_STALL_SECONDS=str(STALL_SECONDS),
+                   MUNINN_RESERVATION_SECONDS="3", MUNINN_FAILPOINTS="", MUNINN_WORKER_FAILPOINTS="")
+    try:
+        with Stack(env=env, log_dir=log_dir) as stack:
+            port = free_port()
+            stack.celery_worker()
+            stack.celery_beat()
+            running = Site(stack, redis, port, stack.web(port))
+            yield running
+            stack.stop(sig=signal.SIGKILL)  # nothing to finish: the database is flushed, the broker thrown away
+    finally:
+        redis.stop()
+        celery_app.conf.task_always_eager = True
+
+
+@pytest.fixture(autouse=True)
+def _shared_site(site):
+    """conftest gives every test its own MEDIA_ROOT and eager tasks; here the test shares the site's files, and
+    its tasks (job_cancel's, ...) go to the real worker."""
+    from muninn.celery import app as celery_app
+
+    settings.MEDIA_ROOT = site.stack.env["MEDIA_ROOT"]
+    celery_app.conf.task_always_eager = False
+
+
+# --- one scenario ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Scenario:
+    site: Site
+    customer: User
+    contributor: User
+    configs: dict[str, Path] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # the scenario's device names → this run's unique names
+    job_id: int | None = None
+
+    @property
+    def stack(self) -> Stack:
+        return self.site.stack
+
+    def api(self) -> requests.Session:
+        session = requests.Session()
+        session.headers["Authorization"] = f"Token {accounts.token_for(user=self.customer)}"
+        return session
+
+    def register(self, name: str) -> Path:
+        """A device with its key pair and token, saved as `muninn-worker register` saves them."""
+        key = signing.new_private_key()
+        device, token = contributors.device_register(owner=self.contributor, name=name, capabilities=CAPABILITIES,
+                                                     public_key=signing.public_key_of(key))
+        path = self.stack.log_dir / f"{name}.json"
+        path.write_text(json.dumps({"server": self.site.url, "device_token": token, "device_id": device.pk,
+                                    "name": name, "signing_key": key}))
+        self.configs[name] = path
+        return path
+
+    def client(self, name: str, failpoints: str = "", clock_offset: int = 0) -> subprocess.Popen:
+        env = self.site.env(MUNINN_WORKER_FAILPOINTS=failpoints)
+        if clock_offset:
+            env["PYTHONPATH"] = f"{SKEWED_CLOCK}:{env['PYTHONPATH']}"
+            env["MUNINN_CLOCK_OFFSET_SECONDS"] = str(clock_offset)
+        return self.stack.worker_client(name, self.configs[name], "--threads", "1", "--poll-interval", "0.2",
+                                        env=env)
+
+    def start_job(self, rounds: int = 2) -> int:
+        api = self.api()
+        dataset = api.post(f"{self.site.url}/api/datasets", files={"file": ("digits.npz", digits_npz(600))})
+        assert dataset.status_code == 201, dataset.text
+        job = api.post(f"{self.site.url}/api/jobs", json={
+            "dataset": dataset.json()["id"], "template": "mlp", "rounds": rounds, "seed": next(_names),
+            "hparams": HPARAMS, "start": True})
+        assert job.status_code == 201, job.text
+        self.job_id = job.json()["id"]
+        return self.job_id
+
+    def wait(self, condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting until {what}\n{self.site.logs()}"
+            time.sleep(0.1)
+
+    def wait_until_ended(self, on_poll: Callable[[], None] = lambda: None) -> Job:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not (job := Job.objects.get(pk=self.job_id)).is_ended and time.monotonic() < deadline:
+            on_poll()
+            time.sleep(0.2)
+        return job
+
+
+def run_scenario(site: Site, inject: Callable[[Scenario], None], *, clients: dict[str, dict] | None = None,
+                 rounds: int, on_poll: Callable[[Scenario], None] | None = None) -> Scenario:
+    """Register the devices, start their worker clients (each with its failpoints or clock), run a job, call
+    `inject` once it has started (it waits for its moment and injects the fault), wait for the job to end, and
+    check what must hold after any fault. Returns the scenario for the checks particular to it."""
+    n = next(_names)
+    staff = accounts.user_create(username=f"ops{n}", password="ops-pass-123", role=User.Role.STAFF)
+    customer = accounts.user_create(username=f"carol{n}", password="carol-pass-123", role=User.Role.CUSTOMER)
+    contributor = accounts.user_create(username=f"dave{n}", password="dave-pass-123", role=User.Role.CONTRIBUTOR)
+    billing.balance_grant(user=customer, amount=money.to_nanos("5"), reason="fault suite", granted_by=staff)
+    scenario = Scenario(site, customer, contributor)
+    clients = clients if clients is not None else {"device-1": {}, "device-2": {}}
+    names = scenario.names = {name: f"{name}-{n}" for name in clients}
+    for name in clients:
+        scenario.register(names[name])
+    since = timezone.now()
+    spawned = [names[name] for name, options in clients.items() if options.get("spawn", True)]
+    for name, options in clients.items():
+        if options.get("spawn", True):
+            scenario.client(names[name], **{k: v for k, v in options.items() if k != "spawn"})
+    # Every device polls before the job starts, so that round 1 has a shard for each.
+    scenario.wait(lambda: Device.objects.filter(name__in=spawned, last_seen_at__gte=since).count() == len(spawned),
+                  "every worker client polls")
+    try:
+        scenario.start_job(rounds)
+        inject(scenario)
+        job = scenario.wait_until_ended((lambda: on_poll(scenario)) if on_poll else (lambda: None))
+        logs = site.logs(site.web_name, site.worker_name, "celery-beat", *names.values())
+        assert job.status == Job.Status.SUCCEEDED, f"job {job.pk} is {job.status}: {job.error}\n{logs}"
+        assert list(job.round_set.order_by("number").values_list("number", "status")) == [
+            (r, "closed") for r in range(1, rounds + 1)]
+        assert all(r.metrics.get("test_accuracy") is not None for r in job.round_set.all())
+        invariants.assert_ledger_invariants(job)
+        assert not WorkUnit.objects.filter(round__job=job, status=WorkUnit.Status.VERIFYING).exists()
+        return scenario
+    finally:  # the database is flushed after the test; its worker clients go now
+        for name in names.values():
+            scenario.stack.stop(name, signal.SIGKILL)
+
+
+def leased_unit_of(device_name: str) -> WorkUnit:
+    return Lease.objects.filter(device__name=device_name).latest("id").unit
+
+
+def accepted_copies(unit: WorkUnit) -> list[Receipt]:
+    """The accepted receipts for a unit's shard: the unit itself (re-queued when its lease lapsed) or its
+    backup (issued past the round's soft deadline), whichever another device finished first."""
+    return list(Receipt.objects.filter(Q(unit=unit) | Q(unit__backup_of=unit), status=Receipt.Status.ACCEPTED))
+
+
+# --- the scenarios --------------------------------------------------------------------------------------------
+
+def test_worker_client_killed_mid_training_hands_its_unit_to_another_device(site):
+    killed: dict = {}
+
+    def kill_mid_training(s: Scenario) -> None:
+        doomed = s.names["device-1"]
+        s.stack.wait_for_log(doomed, "failpoint train.after_epoch reached")  # epoch 1 of 2 done
+        s.stack.stop(doomed, signal.SIGKILL)
+        killed["unit"] = leased_unit_of(doomed)
+
+    s = run_scenario(site, kill_mid_training, rounds=1, clients={
+        "device-1": {"failpoints": "train.after_epoch=1*sleep:300"}, "device-2": {}})
+
+    assert [r.device.name for r in accepted_copies(killed["unit"])] == [s.names["device-2"]]  # once, by the other
+    assert not Receipt.objects.filter(device__name=s.names["device-1"]).exists()
+
+
+def test_worker_client_killed_mid_upload_leaves_nothing_behind(site):
+    killed: dict = {}
+
+    def kill_mid_upload(s: Scenario) -> None:
+        doomed = s.names["device-1"]
+        s.stack.wait_for_log(doomed, "failpoint upload.mid_body reached")  # half the body is on the wire
+        s.stack.stop(doomed, signal.SIGKILL)
+        killed["unit"] = leased_unit_of(doomed)
+
+    s = run_scenario(site, kill_mid_upload, rounds=1, clients={
+        "device-1": {"failpoints": "upload.mid_body=1*sleep:300"}, "device-2": {}})
+
+    assert [r.device.name for r in accepted_copies(killed["unit"])] == [s.names["device-2"]]
+    assert not Receipt.objects.filter(device__name=s.names["device-1"]).exists()
+    wait_http(f"{site.url}/healthz", timeout=5)  # the truncated request did not take the web server down
+
+
+def test_celery_worker_killed_mid_aggregation_the_round_is_aggregated_once(site):
+    worker = site.replace_celery_worker(MUNINN_FAILPOINTS="aggregate.before_commit=1*sleep:300")
+
+    def kill_mid_aggregation(s: Scenario) -> None:
+        s.stack.wait_for_log(worker, "failpoint aggregate.before_commit reached", timeout=120)
+        s.stack.stop(worker, signal.SIGKILL)  # the aggregation's transaction dies uncommitted, its message unacked
+        assert Round.objects.get(job_id=s.job_id, number=1).status == Round.Status.OPEN
+        site.replace_celery_worker()
+
+    try:
+        s = run_scenario(site, kill_mid_aggregation, rounds=2)  # round 2 shows the job carries on
+    finally:
+        if site.worker_name == worker:  # the scenario failed before the kill: no later one gets the failpoint
+            site.replace_celery_worker()
+
+    # The killed worker's message comes back only after the broker's visibility timeout: beat's sweeper did it.
+    assert "never aggregated; aggregating it now" in site.stack.log(site.worker_name), site.logs()
+    assert Job.objects.get(pk=s.job_id).metrics["round"] == 2
+
+
+def test_redis_restarted_mid_round_lost_messages_are_recovered(site):
+    def restart_redis(s: Scenario) -> None:
+        # Freeze the Celery worker while round 1's results come in, so their re-execution tasks wait in Redis...
+        s.wait(lambda: WorkUnit.objects.filter(round__job_id=s.job_id).exists(), "round 1 is open")
+        worker = next(p for n, p in site.stack.procs if n == site.worker_name)
+        os.killpg(worker.pid, signal.SIGSTOP)
+        try:
+            s.wait(lambda: WorkUnit.objects.filter(round__job_id=s.job_id, status=WorkUnit.Status.VERIFYING).count()
+                   == 2, "both results of round 1 wait for re-execution")
+            site.redis.restart()  # ... and are lost with it (no persistence)
+        finally:
+            os.killpg(worker.pid, signal.SIGCONT)
+
+    run_scenario(site, restart_redis, rounds=1)
+
+    assert "Connection to broker lost" in site.stack.log(site.worker_name), site.logs()
+
+
+def test_web_server_restarted_mid_upload_the_client_sends_it_again(site):
+    uploading: dict = {}
+
+    def restart_web_mid_upload(s: Scenario) -> None:
+        uploader = s.names["device-1"]
+        s.stack.wait_for_log(uploader, "failpoint upload.mid_body reached")
+        uploading["unit"] = leased_unit_of(uploader)
+        site.restart_web()  # the upload in flight is cut; the client finds a new server when it sends again
+
+    s = run_scenario(site, restart_web_mid_upload, rounds=1, clients={
+        "device-1": {"failpoints": "upload.mid_body=1*sleep:3"}, "device-2": {}})
+
+    # The client sent the upload again to the new server and got its answer: accepted, or, when the outage
+    # outlasted the lease (beat re-queued the unit meanwhile), "lease lost", and another device did the unit.
+    unit, log = uploading["unit"], s.stack.log(s.names["device-1"])
+    answered = [line for line in log.splitlines() if line.split(" ", 1)[-1].startswith(f"unit {unit.pk}: ")
+                and ("uploaded, " in line or "lease lost" in line)]
+    assert len(answered) == 1 and "giving it up" not in log, log
+    accepted = Receipt.objects.get(unit=unit, status=Receipt.Status.ACCEPTED)
+    assert accepted.device.name == s.names["device-1" if "uploaded, " in answered[0] else "device-2"]
+
+
+def test_devices_whose_clocks_are_an_hour_off_get_honest_work_accepted(site):
+    s = run_scenario(site, lambda s: None, rounds=1, clients={
+        "ahead": {"clock_offset": 3600}, "behind": {"clock_offset": -3600}})
+
+    accepted = Receipt.objects.filter(unit__round__job_id=s.job_id, status=Receipt.Status.ACCEPTED)
+    assert {r.device.name for r in accepted} == {s.names["ahead"], s.names["behind"]}
+    assert not Receipt.objects.filter(unit__round__job_id=s.job_id, status=Receipt.Status.REJECTED).exists()
+    starts = {r.device.name: r.started_at for r in accepted}
+    assert starts[s.names["ahead"]] - starts[s.names["behind"]] > timezone.timedelta(hours=1, minutes=59)
+
+
+def test_the_same_result_delivered_twice_is_credited_once(site):
+    """This device is the test itself, using the worker client's own HTTP client: one signed upload, delivered
+    twice at the same moment (a client that timed out and retried while the site was still checking the first),
+    then again in turn, then once more after the job has ended."""
+    delivered: dict = {}
+
+    def deliver_twice(s: Scenario) -> None:
+        config = json.loads(s.configs[s.names["replayer"]].read_text())
+        client = ApiClient(site.url, device_token=config["device_token"], signing_key=config["signing_key"])
+        deadline = time.monotonic() + 30
+        while (unit := client.claim()) is None:
+            assert time.monotonic() < deadline, "no unit for the replayer"
+            time.sleep(0.2)
+        with _Heartbeat(client, unit["id"], unit["lease_seconds"]):  # as the worker client keeps its lease
+            weights, receipt = train_like_a_worker(client, unit, s.stack.log_dir / "replayer-cache")
+        delivered["unit"] = unit["id"]
+        delivered["send"] = lambda: client.submit_result(unit["id"], weights, receipt)
+        barrier = threading.Barrier(2)
+        answers: list = [None, None]
+
+        def send(i: int) -> None:
+            barrier.wait()
+            answers[i] = delivered["send"]()
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        delivered["together"] = answers
+        delivered["again"] = delivered["send"]()
+
+    s = run_scenario(site, deliver_twice, rounds=1, clients={"replayer": {"spawn": False}, "device-2": {}})
+    late = delivered["send"]()
+
+    unit_id = delivered["unit"]
+    for answer in [*delivered["together"], delivered["again"], late]:
+        assert answer["unit"] == unit_id and answer["status"] in ("pending", "accepted"), answer
+    assert late["status"] == "accepted"
+    assert Receipt.objects.filter(unit_id=unit_id).count() == 1
+    assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit_id).count() == 1
+    assert not Device.objects.get(name=s.names["replayer"]).events.exists()  # no failure held against it
+
+
+def test_tasks_delivered_twice_change_nothing_the_first_did_not(site):
+    sent: set = set()
+
+    def send_twice(name: str, *args, queue: str = "celery") -> None:
+        for _ in range(2):
+            site.send_task(name, *args, queue=queue)
+        sent.add((name, *args))
+
+    def duplicate_live_tasks(s: Scenario) -> None:
+        send_twice("jobs.tasks.open_round", s.job_id)
+
+    def on_poll(s: Scenario) -> None:
+        for unit_id in WorkUnit.objects.filter(round__job_id=s.job_id, status=WorkUnit.Status.VERIFYING
+                                               ).values_list("id", flat=True):
+            if ("contributors.tasks.verify_unit", unit_id) not in sent:
+                send_twice("contributors.tasks.verify_unit", unit_id, queue="validation")
+        for rnd in Round.objects.filter(job_id=s.job_id, status=Round.Status.OPEN):
+            if not rnd.units.exclude(status=WorkUnit.Status.ACCEPTED).exists() and (
+                    "jobs.tasks.aggregate_round", rnd.pk) not in sent:
+                send_twice("jobs.tasks.aggregate_round", rnd.pk)
+
+    s = run_scenario(site, duplicate_live_tasks, rounds=2, on_poll=on_poll)
+
+    done = Job.objects.get(pk=s.job_id)
+    assert {name for name, *_ in sent} == {"jobs.tasks.open_round", "contributors.tasks.verify_unit",
+                                           "jobs.tasks.aggregate_round"}, sent
+    # Once more after the end, through the real worker: nothing moves.
+    before = (done.global_weights_sha256, list(Transaction.objects.order_by("id").values_list("id", flat=True)),
+              list(Round.objects.filter(job=done).values_list("id", "closed_at")))
+    for rnd in done.round_set.all():
+        send_twice("jobs.tasks.aggregate_round", rnd.pk)
+    send_twice("jobs.tasks.open_round", done.pk)
+    marker = site.send_task("jobs.tasks.requeue_expired_leases")  # runs after the duplicates (one worker)
+    s.wait(lambda: f"{marker.id}] succeeded" in site.stack.log(site.worker_name), "the worker ran them all")
+    done.refresh_from_db()
+    after = (done.global_weights_sha256, list(Transaction.objects.order_by("id").values_list("id", flat=True)),
+             list(Round.objects.filter(job=done).values_list("id", "closed_at")))
+    assert after == before
+    invariants.assert_ledger_invariants(done)
+
+
+def train_like_a_worker(client: ApiClient, unit: dict, cache: Path) -> tuple[bytes, dict]:
+    """What `muninn-worker run` does with a unit, in this process: download, train, build the receipt."""
+    weights = client.download(unit["id"], "weights", unit["weights_sha256"], cache)
+    shard = client.download(unit["id"], "shard", unit["shard_sha256"], cache)
+    model = zoo.build_model(unit["template"], unit["model_config"])
+    model.load_state_dict(tensors.bytes_to_state_dict(weights))
+    X, y = tensors.bytes_to_shard(shard)
+    started = utc_now_iso()
+    result = training.train_local(model, X, y, **unit["train"])
+    payload = tensors.state_dict_to_bytes(result.state_dict)
+    receipt = build_receipt(unit, result, output_sha256=tensors.sha256_hex(payload), started_at=started,
+                            finished_at=utc_now_iso())
+    return payload, receipt
