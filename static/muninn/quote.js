@@ -80,7 +80,7 @@
     const mine = ++sequence;
     $("accept-button").disabled = true;
     try {
-      const q = await Muninn.postJson(form.dataset.quoteApi, choice());
+      const q = await Muninn.postJson(form.getAttribute("data-quote-api"), choice());
       if (mine === sequence) showQuote(q);
     } catch (error) {
       if (mine === sequence) showError(error);

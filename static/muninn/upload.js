@@ -29,7 +29,7 @@
     const data = new FormData(form);
     data.delete("csrfmiddlewaretoken");
     const xhr = new XMLHttpRequest();
-    xhr.open("POST", form.dataset.api);
+    xhr.open("POST", form.getAttribute("data-api"));
     xhr.setRequestHeader("X-CSRFToken", Muninn.csrfToken());
     xhr.setRequestHeader("Accept", "application/json");
     xhr.upload.onprogress = function (e) {
@@ -43,7 +43,7 @@
         const dataset = JSON.parse(xhr.responseText);
         bar.value = 100;
         status.textContent = "Uploaded.";
-        window.location.href = form.dataset.detailUrl.replace(/0\/?$/, dataset.id + "/");
+        window.location.href = form.getAttribute("data-detail-url").replace(/0\/?$/, dataset.id + "/");
       } else {
         fail(Muninn.apiError(xhr.status, xhr.responseText));
       }
