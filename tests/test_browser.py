@@ -21,6 +21,7 @@ import psycopg
 import pytest
 import requests
 from django.conf import settings
+from playwright import sync_api as playwright_sync  # in the dev extras: pip install -e ".[dev]"
 
 from muninn.celery import app as celery_app
 from scripts.stack import ROOT, VENV_BIN, Stack, base_env, free_port
@@ -28,7 +29,6 @@ from scripts.stack import ROOT, VENV_BIN, Stack, base_env, free_port
 from .conftest import digits_npz
 from .fake_stripe import WEBHOOK_SECRET, event, signed
 
-playwright_sync = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]' brings playwright")
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 CHROMIUM = "/usr/bin/chromium"

@@ -13,6 +13,7 @@ from accounts.models import User
 from billing import money
 from billing.models import Quote, TopUp
 from contributors.models import Device
+from jobs import services as job_services
 from jobs.models import Dataset, Job
 
 from .conftest import digits_npz, named_file, register_device
@@ -222,3 +223,39 @@ def test_staff_lift_a_quarantine_with_a_reason(staff, contributor):
     client.post(f"/staff/devices/{device.pk}/lift", {"reason": "owner fixed the GPU"})
     device.refresh_from_db()
     assert device.quarantined_at is None and device.events.get(kind="lifted").actor == staff
+
+
+def test_customer_cancels_a_running_job_and_the_unused_hold_comes_back(customer, customer_client, digits):
+    from billing import selectors as ledger
+
+    before = ledger.balances_for(user=customer)["customer_available"]
+    customer_client.post("/jobs/new/", {"dataset": digits.pk, "template": "mlp", "rounds": 2,
+                                        "aggregation": "fedavg", "action": "quote"})
+    customer_client.post("/jobs/new/", {"dataset": digits.pk, "template": "mlp", "rounds": 2,
+                                        "aggregation": "fedavg", "action": "accept", "quote": Quote.objects.get().pk})
+    job = Job.objects.get()
+    assert "Cancel the job" in customer_client.get(f"/jobs/{job.pk}/").content.decode()
+
+    page = customer_client.post(f"/jobs/{job.pk}/cancel", follow=True).content.decode()
+    job.refresh_from_db()
+    assert job.status == Job.Status.CANCELLED and f"Job {job.pk} is cancelled" in page
+    assert ledger.balances_for(user=customer)["customer_available"] == before
+    again = customer_client.post(f"/jobs/{job.pk}/cancel", follow=True).content.decode()
+    assert "has already ended (cancelled)" in again
+
+
+def test_job_progress_reports_rounds_money_and_the_waiting_note(customer, customer_client, digits):
+    customer_client.post("/jobs/new/", {"dataset": digits.pk, "template": "mlp", "rounds": 2,
+                                        "aggregation": "fedavg", "action": "quote"})
+    customer_client.post("/jobs/new/", {"dataset": digits.pk, "template": "mlp", "rounds": 2,
+                                        "aggregation": "fedavg", "action": "accept", "quote": Quote.objects.get().pk})
+    job = Job.objects.get()
+
+    opening = customer_client.get(f"/jobs/{job.pk}/progress").json()
+    job_services.round_open(job_id=job.pk, devices=[])  # what the open_round task does once the start commits
+    waiting = customer_client.get(f"/jobs/{job.pk}/progress").json()
+
+    assert opening["status"] == "running" and opening["round_list"] == [] and opening["note"] == "Opening the next round…"
+    assert waiting["rounds"] == 2 and waiting["rounds_done"] == 0 and waiting["round_list"][0]["units"] == {"queued": 1}
+    assert waiting["note"] == "Round 1: waiting for a device to claim the work."
+    assert waiting["money"]["quoted"] == money.format_money(Quote.objects.get().price) and waiting["devices"] == []
