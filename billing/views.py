@@ -17,7 +17,7 @@ from jobs.models import Job
 from muninn.errors import InvalidInput, MuninnError
 from muninn_worker import zoo
 
-from . import money, payments, selectors, services, stripe_gateway
+from . import money, payments, pricing, selectors, services, stripe_gateway
 from .forms import AmountForm
 from .models import Account, Quote
 
@@ -116,8 +116,10 @@ def quote_view(quote: Quote | None) -> dict | None:
     """The quote as the page shows it (the same numbers as GET /api/quotes/<id>)."""
     if quote is None:
         return None
+    tier = next(t for t in pricing.TIERS if t.name == quote.device_tier)
     return {"id": str(quote.pk), "hu": hu_str(flops_to_hu(quote.flops)), "price": _fmt(quote.price),
-            "device_tier": quote.device_tier, "expected_seconds": quote.expected_seconds,
+            "device_tier": quote.device_tier, "tier_description": tier.description,
+            "expected_seconds": quote.expected_seconds,
             "devices_online": quote.devices_online, "expires_at": quote.expires_at}
 
 

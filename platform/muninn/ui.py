@@ -23,12 +23,30 @@ def hu(flops) -> str:
     return hu_str(flops_to_hu(int(flops or 0)))
 
 
+# Amounts in an error's detail are nano-units for programs; the message already says them in money.
+MONEY_DETAIL_KEYS = frozenset({"price", "balance", "amount", "available", "minimum"})
+
+
 @register.filter
 def error_where(detail) -> list[str]:
     """An error's detail (row, column, file, field, ...) as short "name: value" lines for the page."""
     if not isinstance(detail, dict):
         return []
-    return [f"{key.replace('_', ' ')}: {value}" for key, value in detail.items() if not isinstance(value, (dict, list))]
+    return [f"{key.replace('_', ' ')}: {value}" for key, value in detail.items()
+            if not isinstance(value, (dict, list)) and key not in MONEY_DETAIL_KEYS]
+
+
+@register.filter
+def duration(seconds) -> str:
+    """An expected wall time in words (the same as the new-job page's script)."""
+    if seconds is None:
+        return "waiting for a capable device to come online"
+    seconds = float(seconds)
+    if seconds < 90:
+        return f"about {round(seconds)} s"
+    if seconds < 5400:
+        return f"about {round(seconds / 60)} min"
+    return f"about {seconds / 3600:.1f} h"
 
 
 @register.filter

@@ -18,10 +18,12 @@
   function escapeHtml(s) {
     return String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
   }
+  // Amounts in an error's detail are nano-units for programs; the message already says them in money.
+  const MONEY_DETAIL_KEYS = ["price", "balance", "amount", "available", "minimum"];
   // The same markup as templates/_error.html: the message, then where (row, column, file, field, ...).
   function errorHtml(error, id) {
     const lines = Object.entries(error.detail || {})
-      .filter(([, v]) => v === null || typeof v !== "object")
+      .filter(([k, v]) => (v === null || typeof v !== "object") && !MONEY_DETAIL_KEYS.includes(k))
       .map(([k, v]) => "<li>" + escapeHtml(k.replace(/_/g, " ") + ": " + v) + "</li>");
     return '<div class="error" role="alert" id="' + (id || "form-error") + '"><strong>' + escapeHtml(error.message) +
       "</strong>" + (lines.length ? "<ul>" + lines.join("") + "</ul>" : "") + "</div>";
