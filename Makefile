@@ -29,7 +29,7 @@ test: setup  ## the whole suite, on the local PostgreSQL and Redis (started if t
 	bash scripts/test.sh
 
 test-fast: setup  ## for quick local runs: everything but the real-process suites (CI runs them all: `make test`)
-	bash scripts/test.sh -m "not faults and not e2e"
+	bash scripts/test.sh -m "not faults and not e2e and not browser"
 
 bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate.py), aiohttp (bench/load.py)
 	# --no-deps: flwr pins packaging<26 (kombu pins 26.3) and pulls ~35 server packages; this is the minimal

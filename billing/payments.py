@@ -38,7 +38,8 @@ def topup_start(*, customer, amount: Decimal) -> TopUp:
     topup = TopUp.objects.create(customer=customer, amount=nanos, currency=currency)
     session = stripe_gateway.checkout_session_create(
         amount_minor=minor, currency=currency, customer_email=customer.email, client_reference_id=str(topup.pk),
-        success_url=f"{settings.MUNINN_SITE_URL}/?topup={topup.pk}", cancel_url=f"{settings.MUNINN_SITE_URL}/",
+        success_url=f"{settings.MUNINN_SITE_URL}/balance/?topup={topup.pk}",
+        cancel_url=f"{settings.MUNINN_SITE_URL}/balance/",
         idempotency_key=f"topup-{topup.pk}")
     topup.stripe_session_id, topup.checkout_url = session.id, session.url
     topup.save(update_fields=["stripe_session_id", "checkout_url"])

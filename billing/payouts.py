@@ -28,8 +28,8 @@ def payout_account_onboard(*, contributor) -> str:
         account, _ = PayoutAccount.objects.get_or_create(contributor=contributor,
                                                          defaults={"stripe_account_id": account_id})
     return stripe_gateway.account_link_create(
-        account_id=account.stripe_account_id, refresh_url=f"{settings.MUNINN_SITE_URL}/?payouts=refresh",
-        return_url=f"{settings.MUNINN_SITE_URL}/?payouts=done")
+        account_id=account.stripe_account_id, refresh_url=f"{settings.MUNINN_SITE_URL}/contribute/?payouts=refresh",
+        return_url=f"{settings.MUNINN_SITE_URL}/contribute/?payouts=done")
 
 
 def _audit(payout: Payout, action: str, actor=None, reason: str = "") -> None:

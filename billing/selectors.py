@@ -66,3 +66,20 @@ def user_balances() -> dict[str, int]:
 def ledger_total() -> int:
     """The sum of every entry ever posted: zero, always."""
     return Entry.objects.aggregate(s=Sum("amount"))["s"] or 0
+
+
+def topups_for(*, customer) -> QuerySet:
+    from .models import TopUp
+
+    return TopUp.objects.filter(customer=customer).order_by("-created_at")
+
+
+def payout_account_for(*, contributor):
+    from .models import PayoutAccount
+
+    return PayoutAccount.objects.filter(contributor=contributor).first()
+
+
+def payouts_requested() -> QuerySet[Payout]:
+    """The staff's review queue: requests waiting for a decision, oldest first."""
+    return Payout.objects.filter(status=Payout.Status.REQUESTED).select_related("contributor").order_by("requested_at")

@@ -66,6 +66,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            "builtins": ["muninn.ui"],  # money, hu, error_where: filters every page uses
         },
     },
 ]
@@ -89,7 +90,16 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "start"  # each role's own first page
+LOGOUT_REDIRECT_URL = "home"
+# Password-reset mail: printed on the console unless EMAIL_URL names a server (smtp://user:pass@host:587).
+_email = env.email_url("EMAIL_URL", default="consolemail://")
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_HOST, EMAIL_PORT = _email.get("EMAIL_HOST", ""), _email.get("EMAIL_PORT", 25)
+EMAIL_HOST_USER, EMAIL_HOST_PASSWORD = _email.get("EMAIL_HOST_USER", ""), _email.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = _email.get("EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Muninn <no-reply@localhost>")
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

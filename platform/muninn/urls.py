@@ -4,9 +4,12 @@ from drf_spectacular.views import SpectacularAPIView
 
 from accounts import api as accounts_api
 from billing import api as billing_api
+from billing import views as billing_views
 from contributors import api as contributors_api
 from contributors import selectors as contributors_selectors
+from contributors import views as contributors_views
 from jobs import api as jobs_api
+from jobs import views as jobs_views
 
 from . import views
 
@@ -40,8 +43,31 @@ api = [
     path("schema", SpectacularAPIView.as_view(), name="schema"),
 ]
 
+# The web UI. The job page shows money and devices, which live above jobs/: the project wires them in, as it
+# wires the devices online into quotes.
+job_panels = {"panels": (billing_views.job_money_panel, contributors_views.job_devices_panel)}
+pages = [
+    path("datasets/", jobs_views.datasets, name="datasets-page"),
+    path("datasets/<int:dataset_id>/", jobs_views.dataset_detail, name="dataset-page"),
+    path("jobs/", jobs_views.jobs_list, name="jobs-list"),
+    path("jobs/new/", billing_views.job_new, {"online_capacity": contributors_selectors.device_capacities_online},
+         name="job-new"),
+    path("jobs/<int:job_id>/", jobs_views.job_detail, job_panels, name="job-page"),
+    path("jobs/<int:job_id>/progress", jobs_views.job_progress, job_panels, name="job-progress"),
+    path("jobs/<int:job_id>/cancel", jobs_views.job_cancel, name="job-cancel-page"),
+    path("balance/", billing_views.balance, name="balance-page"),
+    path("balance/topup", billing_views.topup, name="topup-page"),
+    path("contribute/", contributors_views.contribute, name="contribute"),
+    path("contribute/payouts/onboarding", contributors_views.payout_onboarding, name="payout-onboarding-page"),
+    path("contribute/payouts/request", contributors_views.payout_request, name="payout-request-page"),
+    path("staff/", contributors_views.staff_home, name="staff-home"),
+    path("staff/devices/<int:device_id>/lift", contributors_views.device_lift_quarantine, name="device-lift-page"),
+]
+
 urlpatterns = [
     path("", views.home, name="home"),
+    path("", include("accounts.urls")),
+    *pages,
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/", include(api)),

@@ -1,0 +1,189 @@
+"""Money pages: the balance and statement, Stripe Checkout top-ups, and the new-job form with its live quote.
+Thin doors into billing's services and selectors (and jobs' for the datasets and templates)."""
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.contrib import messages
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from accounts.pages import role_required
+from jobs import selectors as job_selectors
+from jobs import suggest
+from jobs.hu import flops_to_hu, hu_str
+from jobs.models import Job
+from muninn.errors import InvalidInput, MuninnError
+from muninn_worker import zoo
+
+from . import money, payments, pricing, selectors, services, stripe_gateway
+from .forms import AmountForm
+from .models import Account, Quote
+
+CUSTOMER_ACCOUNTS = (Account.Kind.CUSTOMER_AVAILABLE, Account.Kind.CUSTOMER_HELD)
+CONTRIBUTOR_ACCOUNTS = (Account.Kind.CONTRIBUTOR_PENDING, Account.Kind.CONTRIBUTOR_AVAILABLE,
+                        Account.Kind.CONTRIBUTOR_IN_REVIEW, Account.Kind.CONTRIBUTOR_PAID_OUT)
+
+
+def _fmt(nanos: int) -> str:
+    return money.format_money(nanos, settings.MUNINN_CURRENCY)
+
+
+@role_required("customer", "contributor")
+def balance(request):
+    """Balances and the statement of every ledger entry on the user's accounts; customers top up here."""
+    user = request.user
+    balances = selectors.balances_for(user=user)
+    kinds = CUSTOMER_ACCOUNTS if user.role == "customer" else CONTRIBUTOR_ACCOUNTS
+    topup = None
+    if request.GET.get("topup", "").isdigit():
+        topup = selectors.topups_for(customer=user).filter(pk=int(request.GET["topup"])).first()
+    context = {
+        "balances": [(Account.Kind(kind).label, balances.get(kind, 0)) for kind in kinds],
+        "statement": selectors.statement_for(user=user)[:500], "topup": topup,
+        "form": AmountForm(initial={"amount": "20.00"}), "stripe_enabled": stripe_gateway.is_configured(),
+        "topup_min": settings.MUNINN_TOPUP_MIN, "topup_max": settings.MUNINN_TOPUP_MAX,
+        "currency": settings.MUNINN_CURRENCY,
+    }
+    return render(request, "billing/balance.html", context)
+
+
+@require_POST
+@role_required("customer")
+def topup(request):
+    """Start a Checkout top-up and send the customer to Stripe's payment page; the webhook credits the balance."""
+    form = AmountForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(form.errors["amount"]))
+        return redirect("balance-page")
+    try:
+        started = payments.topup_start(customer=request.user, amount=form.cleaned_data["amount"])
+    except MuninnError as e:
+        messages.error(request, e.message)
+        return redirect("balance-page")
+    return redirect(started.checkout_url)
+
+
+# --- New job: choose, see the quote, accept ---------------------------------------------------------
+
+def _parse_value(kind: str, text: str):
+    """A form field's text as the hyper-parameter's type; a value that does not parse is passed on as text,
+    so the template's validation names the field."""
+    text = text.strip()
+    try:
+        if kind == "int_list":
+            return [int(part) for part in text.replace("[", "").replace("]", "").split(",") if part.strip()]
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+    except ValueError:
+        return text
+    return text
+
+
+def _choice_from_post(post, datasets) -> dict:
+    template = post.get("template", "")
+    hparams = {}
+    if template in zoo.TEMPLATES:
+        for h in zoo.get_template(template).hparams:
+            text = post.get(f"hp-{template}-{h.name}", "")
+            if text.strip():
+                hparams[h.name] = _parse_value(h.kind, text)
+    return {"dataset": post.get("dataset", ""), "template": template, "rounds": post.get("rounds", ""),
+            "aggregation": post.get("aggregation", Job.Aggregation.FEDAVG), "hparams": hparams,
+            "base_weights": post.get("base_weights", "")}
+
+
+def _issue(request, choice: dict, online_capacity) -> Quote:
+    try:
+        dataset_id, rounds = int(choice["dataset"]), int(choice["rounds"])
+        base_id = int(choice["base_weights"]) if choice["base_weights"] else None
+    except (TypeError, ValueError):
+        raise InvalidInput("Choose a dataset and a whole number of rounds.", code="invalid",
+                           detail={"field": "rounds" if choice["dataset"] else "dataset"}) from None
+    dataset = job_selectors.dataset_get(owner=request.user, dataset_id=dataset_id)
+    base = None if base_id is None else job_selectors.dataset_get(owner=request.user, dataset_id=base_id)
+    if choice["aggregation"] not in Job.Aggregation.values:
+        raise InvalidInput("Choose an aggregation rule from the list.", code="invalid", detail={"field": "aggregation"})
+    return services.quote_issue(customer=request.user, dataset=dataset, template=choice["template"],
+                                hparams=choice["hparams"], rounds=rounds, base_weights=base,
+                                aggregation=choice["aggregation"], online_capacity=online_capacity)
+
+
+def quote_view(quote: Quote | None) -> dict | None:
+    """The quote as the page shows it (the same numbers as GET /api/quotes/<id>)."""
+    if quote is None:
+        return None
+    tier = next(t for t in pricing.TIERS if t.name == quote.device_tier)
+    return {"id": str(quote.pk), "hu": hu_str(flops_to_hu(quote.flops)), "price": _fmt(quote.price),
+            "device_tier": quote.device_tier, "tier_description": tier.description,
+            "expected_seconds": quote.expected_seconds,
+            "devices_online": quote.devices_online, "expires_at": quote.expires_at}
+
+
+@role_required("customer")
+def job_new(request, online_capacity=None):
+    """Pick a dataset, a model template and its hyper-parameters (defaults from the data's profile); the quote
+    (HU, price, device tier, expected time, capable devices online) follows the form as it changes (the page's
+    script asks POST /api/quotes); accepting it holds the price and starts the job. Without the script the
+    form's "Get a quote" button does the same here."""
+    all_datasets = list(job_selectors.datasets_for(owner=request.user))
+    datasets = [d for d in all_datasets if d.profile.get("kind") != "weights"]
+    weights = [d for d in all_datasets if d.profile.get("kind") == "weights"]
+    post = request.POST if request.method == "POST" else None
+    selected = next((d for d in datasets if str(d.pk) == (post or request.GET).get("dataset", "")),
+                    datasets[0] if datasets else None)
+    profile = selected.profile if selected else {}
+    quote, error = None, None
+    choice = _choice_from_post(post, datasets) if post else None
+    if post is not None and selected is None:
+        error = MuninnError("Upload a dataset first: a job trains on one of your datasets.", code="no_dataset")
+    elif post is not None:
+        try:
+            if post.get("action") == "accept":
+                if not _is_uuid(post.get("quote", "")):
+                    raise InvalidInput("Get a quote first: the job starts when you accept its quote.",
+                                       code="no_quote")
+                job = services.quote_accept(customer=request.user, quote_id=post.get("quote", ""))
+                messages.success(request, f"Job {job.pk} started: its quoted price is held from your balance.")
+                return redirect("job-page", job_id=job.pk)
+            quote = _issue(request, choice, online_capacity)
+        except MuninnError as e:
+            error = e
+            if post.get("action") == "accept" and post.get("quote"):
+                quote = selectors.quotes_for(customer=request.user).filter(pk=post["quote"]).first() \
+                    if _is_uuid(post["quote"]) else None
+    templates = [zoo.get_template(name).describe() for name in suggest.templates_for(profile)] if selected else []
+    for t in templates:
+        defaults = suggest.hparams_for(t["name"], profile)
+        for h in t["hparams"]:
+            value = choice["hparams"].get(h["name"]) if choice and choice["template"] == t["name"] else None
+            value = defaults[h["name"]] if value is None else value
+            h["value"] = ", ".join(str(v) for v in value) if isinstance(value, list) else value
+    context = {
+        "datasets": datasets, "weights": weights, "selected": selected, "profile": profile, "templates": templates,
+        "template": (choice or {}).get("template") or (templates[0]["name"] if templates else ""),
+        "rounds": (choice or {}).get("rounds") or suggest.DEFAULT_ROUNDS,
+        "aggregations": Job.Aggregation.choices, "aggregation": (choice or {}).get("aggregation", "fedavg"),
+        "quote": quote_view(quote), "error": error,
+        "balance": selectors.balances_for(user=request.user).get(Account.Kind.CUSTOMER_AVAILABLE, 0),
+    }
+    return render(request, "billing/job_new.html", context, status=400 if error else 200)
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def job_money_panel(job: Job) -> dict:
+    """For the job page (passed in by muninn/urls.py): HU used against the quote, and the money."""
+    m = selectors.job_money(job=job)
+    return {"money": {"hu_quoted": hu_str(job.hu_estimated), "hu_used": hu_str(flops_to_hu(m["flops_charged"])),
+                      "quoted": _fmt(m["quoted"]), "charged": _fmt(m["charged"]), "released": _fmt(m["released"]),
+                      "released_nanos": m["released"], "held": _fmt(m["held"])}}

@@ -1,0 +1,146 @@
+"""Contributor pages (install the worker client, devices, earnings, payouts) and the staff's pages (the payout
+review queue with its evidence, device moderation). Thin doors into the services; the payout decision itself
+is made on the admin's review page (contributors/admin.py), which these pages link to."""
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.contrib import messages
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from accounts import services as accounts
+from accounts.pages import role_required
+from billing import money, payouts
+from billing import selectors as ledger
+from billing import stripe_gateway
+from billing.forms import AmountForm
+from billing.models import Account
+from jobs.models import Job
+from muninn.errors import MuninnError
+
+from . import selectors, services
+from .admin import payout_evidence
+from .models import Device, DeviceEvent
+
+EARNINGS = (("pending", Account.Kind.CONTRIBUTOR_PENDING), ("available", Account.Kind.CONTRIBUTOR_AVAILABLE),
+            ("in review", Account.Kind.CONTRIBUTOR_IN_REVIEW), ("paid out", Account.Kind.CONTRIBUTOR_PAID_OUT))
+
+
+def device_state(device: Device, now=None) -> str:
+    """quarantined, inactive, online (seen within MUNINN_DEVICE_ONLINE_SECONDS) or offline."""
+    if device.quarantined_at:
+        return "quarantined"
+    if not device.is_active:
+        return "inactive"
+    since = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_DEVICE_ONLINE_SECONDS)
+    return "online" if device.last_seen_at and device.last_seen_at >= since else "offline"
+
+
+def _whole_cents(nanos: int) -> Decimal:
+    """What can be paid out of `nanos`: whole minor units (cents), as an amount in the currency."""
+    step = money.nanos_per_minor(settings.MUNINN_CURRENCY)
+    return (Decimal(nanos // step * step) / Decimal(10**9)).quantize(Decimal("0.01"))
+
+
+def _server_url(request) -> str:
+    return request.build_absolute_uri("/").rstrip("/")
+
+
+@role_required("contributor")
+def contribute(request):
+    user = request.user
+    now = timezone.now()
+    devices = [{"device": d, "state": device_state(d, now), "caps": d.capabilities or {},
+                "events": list(d.events.all()[:3])}
+               for d in selectors.devices_for(owner=user).prefetch_related("events")]
+    balances = ledger.balances_for(user=user)
+    context = {
+        "server": _server_url(request), "token": accounts.token_for(user=user), "devices": devices,
+        "earnings": [(label, balances.get(kind, 0)) for label, kind in EARNINGS],
+        "payouts": ledger.payouts_for(contributor=user)[:50], "payout_account": ledger.payout_account_for(
+            contributor=user), "stripe_enabled": stripe_gateway.is_configured(),
+        "payout_min": settings.MUNINN_PAYOUT_MIN, "currency": settings.MUNINN_CURRENCY,
+        "form": AmountForm(initial={"amount": _whole_cents(balances.get(Account.Kind.CONTRIBUTOR_AVAILABLE, 0))}),
+    }
+    return render(request, "contributors/contribute.html", context)
+
+
+@require_POST
+@role_required("contributor")
+def payout_onboarding(request):
+    """Send the contributor to Stripe's hosted Connect onboarding."""
+    try:
+        url = payouts.payout_account_onboard(contributor=request.user)
+    except MuninnError as e:
+        messages.error(request, e.message)
+        return redirect("contribute")
+    return redirect(url)
+
+
+@require_POST
+@role_required("contributor")
+def payout_request(request):
+    form = AmountForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(form.errors["amount"]))
+        return redirect("contribute")
+    try:
+        payout = payouts.payout_request(contributor=request.user, amount=money.to_nanos(form.cleaned_data["amount"]))
+    except MuninnError as e:
+        messages.error(request, e.message)
+    else:
+        messages.success(request, f"Payout {payout.pk} of {money.format_money(payout.amount, payout.currency)} "
+                                  "requested: staff review it, then Stripe transfers it to your account.")
+    return redirect("contribute")
+
+
+def job_devices_panel(job: Job) -> dict:
+    """For the job page (passed in by muninn/urls.py): the devices whose work was accepted for the job."""
+    return {"devices": selectors.job_devices(job=job)}
+
+
+# --- Staff ------------------------------------------------------------------------------------------
+
+@role_required("staff")
+def staff_home(request):
+    """The payout review queue with a summary of the evidence beside each request (the full evidence and the
+    decision are on the admin's review page), and the devices that need moderation."""
+    queue = []
+    for payout in ledger.payouts_requested():
+        evidence = payout_evidence(payout)
+        devices = list(evidence["devices"])
+        queue.append({
+            "payout": payout, "amount": money.format_money(payout.amount, payout.currency),
+            "review_url": reverse("admin:billing_payout_review", args=[payout.pk]),
+            "devices": devices, "quarantined": sum(1 for d in devices if d.quarantined_at),
+            "accepted": sum(d.accepted for d in devices), "rejected": sum(d.rejected for d in devices),
+            "units": len(evidence["charges"]), "balances": evidence["balances"],
+            "payout_account": evidence["payout_account"], "earlier": len(evidence["earlier"]),
+        })
+    quarantined = Device.objects.filter(quarantined_at__isnull=False).select_related("owner").order_by(
+        "-quarantined_at")
+    events = DeviceEvent.objects.select_related("device", "actor").order_by("-at", "-id")[:30]
+    return render(request, "contributors/staff.html", {"queue": queue, "quarantined": quarantined,
+                                                        "events": events})
+
+
+@require_POST
+@role_required("staff")
+def device_lift_quarantine(request, device_id: int):
+    device = get_object_or_404(Device, pk=device_id)
+    reason = request.POST.get("reason", "").strip()
+    if not reason:
+        messages.error(request, "Say why the quarantine is lifted: it is kept in the device's record.")
+        return redirect("staff-home")
+    try:
+        services.device_lift_quarantine(device=device, staff=request.user, reason=reason)
+    except MuninnError as e:
+        messages.error(request, e.message)
+    else:
+        messages.success(request, f"Lifted the quarantine of {device.name} (#{device.pk}).")
+    return redirect("staff-home")
