@@ -388,11 +388,13 @@ def _round_reschedule(rnd: Round, now: datetime) -> None:
 
 def rounds_overdue(*, now: datetime | None = None) -> list[int]:
     """Open rounds past their hard deadline that have at least one verified update: ready to close as they
-    are (a round with none waits: it never closes empty)."""
+    are (a round with none waits: it never closes empty). A round with results still being re-executed waits
+    for them: they arrived in time, and only our side is slow."""
     now = now or timezone.now()
     return list(
         Round.objects.filter(Q(close_at__lt=now) | Q(close_at__isnull=True, deadline_at__lt=now),
                              status=Round.Status.OPEN, units__status=WorkUnit.Status.ACCEPTED)
+        .exclude(units__status=WorkUnit.Status.VERIFYING)
         .values_list("id", flat=True).distinct()
     )
 

@@ -225,3 +225,18 @@ def test_a_round_with_no_verified_update_never_closes(customer_api, digits_datas
                                                   close_at=timezone.now() - timedelta(hours=1))
     assert jobs.rounds_overdue() == []
 
+
+def test_a_round_past_its_hard_deadline_waits_for_results_being_reexecuted(customer_api, digits_dataset,
+                                                                         make_device, monkeypatch):
+    from contributors import tasks
+
+    a, b = make_device("a"), make_device("b")
+    job = create_job(customer_api, digits_dataset["id"], rounds=1)
+    a.work_one()
+    monkeypatch.setattr(tasks.verify_unit, "delay", lambda unit_id: None)  # b's re-execution is slow
+    b.work_one()
+    Round.objects.filter(job_id=job["id"]).update(deadline_at=timezone.now() - timedelta(seconds=2),
+                                                  close_at=timezone.now() - timedelta(seconds=1))
+    assert WorkUnit.objects.filter(round__job_id=job["id"], status=WorkUnit.Status.VERIFYING).count() == 1
+    assert jobs.rounds_overdue() == []
+
