@@ -116,14 +116,20 @@ def test_diloco_estimate_pays_inner_steps_of_one_batch_for_the_most_units_a_roun
 
 def test_diloco_quote_expects_the_time_of_the_devices_online_not_of_the_most_units(customer_api, digits_dataset,
                                                                                   make_device, settings):
-    make_device("a"), make_device("b")  # 1,000 samples/s each
+    make_device("a"), make_device("b")  # 2 GFLOP/s each
 
     quote = customer_api.post("/api/quotes", {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 2,
                                               "algorithm": "diloco", "inner_steps": 10,
                                               "hparams": {"batch_size": 32}}, format="json").json()
 
-    # two units of 10 steps × 32 samples per round, side by side on 2,000 samples/s
-    assert quote["expected_seconds"] == pytest.approx(2 * (2 * 10 * 32 / 2000 + settings.MUNINN_ROUND_OVERHEAD_SECONDS))
+    # two units of 10 steps × 32 samples per round (not the most a round could have), side by side on 4 GFLOP/s
+    from jobs.models import Dataset
+    est = jobs.job_plan(dataset=Dataset.objects.get(pk=digits_dataset["id"]), template="mlp", rounds=2,
+                        hparams={"batch_size": 32}, training={"algorithm": "diloco", "inner_steps": 10}).estimate
+    assert est.units_per_round > 2
+    unit_flops = est.flops_per_round // est.units_per_round
+    assert quote["expected_seconds"] == pytest.approx(
+        2 * (2 * unit_flops / 4e9 + settings.MUNINN_ROUND_OVERHEAD_SECONDS))
 
 
 # --- The outer step on the site ------------------------------------------------------------------------
