@@ -244,7 +244,8 @@ def test_customer_cancels_a_running_job_and_the_unused_hold_comes_back(customer,
     assert "has already ended (cancelled)" in again
 
 
-def test_job_progress_reports_rounds_money_and_the_waiting_note(customer, customer_client, digits):
+def test_job_progress_reports_rounds_money_and_the_waiting_note(customer, customer_client, digits, contributor):
+    device = register_device(contributor, "online")  # a device that can run the job is online
     customer_client.post("/jobs/new/", {"dataset": digits.pk, "template": "mlp", "rounds": 2,
                                         "aggregation": "fedavg", "action": "quote"})
     customer_client.post("/jobs/new/", {"dataset": digits.pk, "template": "mlp", "rounds": 2,
@@ -259,3 +260,8 @@ def test_job_progress_reports_rounds_money_and_the_waiting_note(customer, custom
     assert waiting["rounds"] == 2 and waiting["rounds_done"] == 0 and waiting["round_list"][0]["units"] == {"queued": 1}
     assert waiting["note"] == "Round 1: waiting for a device to claim the work."
     assert waiting["money"]["quoted"] == money.format_money(Quote.objects.get().price) and waiting["devices"] == []
+
+    Device.objects.filter(pk=device.pk).update(last_seen_at=None)  # it goes away: nothing online can run the job
+    stuck = customer_client.get(f"/jobs/{job.pk}/progress").json()
+    assert stuck["note"].startswith("No online device can run this job yet") and "no device is online" in stuck["note"]
+    assert "no device is online" in customer_client.get(f"/jobs/{job.pk}/").content.decode()

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0003_verification'),
+        ('jobs', '0005_diloco_encoding'),
     ]
 
     operations = [
