@@ -127,7 +127,8 @@ def staff_home(request):
             "review_url": reverse("admin:billing_payout_review", args=[payout.pk]),
             "devices": devices, "quarantined": sum(1 for d in devices if d.quarantined_at),
             "accepted": sum(d.accepted for d in devices), "rejected": sum(d.rejected for d in devices),
-            "units": len(evidence["charges"]), "balances": evidence["balances"],
+            "units": len(evidence["charges"]),
+            "balances": [(Account.Kind(kind).label, value) for kind, value in evidence["balances"]],
             "payout_account": evidence["payout_account"], "earlier": len(evidence["earlier"]),
         })
     quarantined = Device.objects.filter(quarantined_at__isnull=False).select_related("owner").order_by(

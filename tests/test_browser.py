@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = ROOT / "var" / "screenshots"
 JOB_TIMEOUT_MS = 150_000
+# The quote's price in euros, read by the page's script (the quote follows the form after a short delay).
+QUOTED_EUROS = "parseFloat(document.getElementById('quote-price').textContent.replace(/[^0-9.]/g, ''))"
 PRICE_PER_HU = "100000000"  # €10^8 per HU: a 3-round digits MLP costs a few euros, so the money shows in cents
 
 
@@ -208,17 +210,14 @@ def test_customer_tops_up_uploads_gets_a_quote_runs_a_job_and_downloads_the_mode
     page.wait_for_selector("#quote-figures:not([hidden])")
     assert page.input_value("#id_template") == "mlp" and page.inner_text("#quote-devices") == "2"
     page.fill("#id_rounds", "200")
-    page.wait_for_function("document.getElementById('quote-price').textContent.length > 0 && "
-                           "!document.getElementById('accept-button').disabled && "
-                           "parseFloat(document.getElementById('quote-price').textContent.replace(/[^0-9.]/g, '')) > 20")
+    page.wait_for_function(f"!document.getElementById('accept-button').disabled && {QUOTED_EUROS} > 20")
     page.click("#accept-button")
     refusal = page.locator("#quote-error-message")
     refusal.wait_for()
     assert "but your balance is €20.00. Top up and try again." in refusal.inner_text()
     shot(page, "job-over-balance")
     page.fill("#id_rounds", "3")
-    page.wait_for_function("!document.getElementById('accept-button').disabled && "
-                           "parseFloat(document.getElementById('quote-price').textContent.replace(/[^0-9.]/g, '')) < 20")
+    page.wait_for_function(f"!document.getElementById('accept-button').disabled && {QUOTED_EUROS} < 20")
     quote = {k: page.inner_text(f"#quote-{k}") for k in ("hu", "price", "tier", "time", "devices")}
     assert quote["tier"].startswith("S") and quote["devices"] == "2" and quote["time"].startswith("about")
     shot(page, "new-job")
@@ -294,5 +293,5 @@ def test_staff_approve_the_payout_from_the_review_queue(live, browser):
 
     contributor = live.state["contributor_page"]
     contributor.goto("/contribute/")
-    assert "Transferred" in contributor.inner_text("#payouts") and contributor.inner_text("[data-earnings='paid out']") \
-        == "€1.00"
+    assert "Transferred" in contributor.inner_text("#payouts")
+    assert contributor.inner_text("[data-earnings='paid out']") == "€1.00"

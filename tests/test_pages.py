@@ -256,7 +256,8 @@ def test_job_progress_reports_rounds_money_and_the_waiting_note(customer, custom
     job_services.round_open(job_id=job.pk, devices=[])  # what the open_round task does once the start commits
     waiting = customer_client.get(f"/jobs/{job.pk}/progress").json()
 
-    assert opening["status"] == "running" and opening["round_list"] == [] and opening["note"] == "Opening the next round…"
+    assert opening["status"] == "running" and opening["round_list"] == []
+    assert opening["note"] == "Opening the next round…"
     assert waiting["rounds"] == 2 and waiting["rounds_done"] == 0 and waiting["round_list"][0]["units"] == {"queued": 1}
     assert waiting["note"] == "Round 1: waiting for a device to claim the work."
     assert waiting["money"]["quoted"] == money.format_money(Quote.objects.get().price) and waiting["devices"] == []
