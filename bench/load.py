@@ -90,8 +90,10 @@ def main() -> int:
         for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
             before = _cpu_seconds(web_pid, options.database_url)
             phases[phase] = asyncio.run(_drive(url, world, options, rate=rate))
-            phases[phase].cpu = {k: v - before.get(k, 0.0)
-                                 for k, v in _cpu_seconds(web_pid, options.database_url).items()}
+            after = _cpu_seconds(web_pid, options.database_url)
+            phases[phase].cpu = defaultdict(float)
+            for (who, pid), seconds in after.items():  # per process: one that ended in between counts nothing
+                phases[phase].cpu[who] += seconds - before.get((who, pid), 0.0)
         stack.stop("web")
         web_log = stack.log("web")
     db_doubles = _database_double_leases()
@@ -257,13 +259,13 @@ def _form(weights: bytes, receipt: str, signature: str):
 
 # --- CPU used, by whom -----------------------------------------------------------------------------
 
-def _cpu_seconds(web_pid: int, database_url: str) -> dict[str, float]:
-    """CPU seconds so far of gunicorn (master and workers), of the PostgreSQL backends serving this
-    database, and of this process (the simulated devices). On a shared machine wall-clock rates swing
-    with everyone else's load; CPU per op moves much less."""
+def _cpu_seconds(web_pid: int, database_url: str) -> dict[tuple[str, int], float]:
+    """CPU seconds so far, by (who, pid): gunicorn's master and workers ("web"), the PostgreSQL backends
+    serving this database ("database"), and this process, the simulated devices ("devices"). On a shared
+    machine wall-clock rates swing with everyone else's load; CPU per op moves much less."""
     tick = os.sysconf("SC_CLK_TCK")
     database = urlsplit(database_url).path.lstrip("/")
-    web = db = 0.0
+    used = {("devices", os.getpid()): time.process_time()}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -275,10 +277,10 @@ def _cpu_seconds(web_pid: int, database_url: str) -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
         seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
         if int(entry.name) == web_pid or int(fields[1]) == web_pid:
-            web += seconds
+            used["web", int(entry.name)] = seconds
         elif cmdline.startswith("postgres:") and f" {database} " in cmdline:
-            db += seconds
-    return {"web": web, "database": db, "devices": time.process_time()}
+            used["database", int(entry.name)] = seconds
+    return used
 
 
 # --- Double leases seen by the database -----------------------------------------------------------
