@@ -445,8 +445,8 @@ def rounds_stalled(*, now: datetime | None = None) -> list[int]:
 
 def jobs_stalled(*, now: datetime | None = None) -> list[int]:
     """Running jobs with rounds still to go and no open round for more than MUNINN_STALL_SECONDS: the message that
-    opens the first round (job_start) was lost with a broker restart. Opening it again is safe: round_open is
-    idempotent."""
+    opens the first round (job_start's) was lost with a broker restart, or the worker that closed the last round
+    died before opening the next. Opening it again is safe: round_open is idempotent."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_STALL_SECONDS)
     return list(
         Job.objects.filter(status=Job.Status.RUNNING, current_round__lt=F("rounds"), started_at__lt=cutoff)
