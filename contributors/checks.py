@@ -120,19 +120,22 @@ def update_norm(result: Mapping[str, torch.Tensor], reference: Mapping[str, torc
 
 
 def norm_bound(previous_norms: list[float]) -> float | None:
-    """NORM_BOUND_FACTOR × the median of the job's earlier accepted update norms; None until there are 3."""
+    """NORM_BOUND_FACTOR × the median of the job's earlier accepted update norms (per optimizer step);
+    None until there are 3."""
     if len(previous_norms) < 3:
         return None
     ordered = sorted(previous_norms)
     return NORM_BOUND_FACTOR * ordered[len(ordered) // 2]
 
 
-def check_update_norm(norm: float, bound: float | None) -> None:
+def check_update_norm(norm: float, bound: float | None, *, per_step: float | None = None) -> None:
+    """`bound` applies to `per_step` (the norm over the unit's optimizer steps) when given, else to `norm`."""
     if norm == 0:
         raise ResultRejected("no_training", "The weights are the global weights unchanged: no training was done.")
-    if bound is not None and norm > bound:
-        raise ResultRejected("update_too_large", f"The update's norm {norm:.4g} is far above this job's updates "
-                                                 f"(bound {bound:.4g}).")
+    measured = norm if per_step is None else per_step
+    if bound is not None and measured > bound:
+        raise ResultRejected("update_too_large", f"The update's norm per step {measured:.4g} is far above this "
+                                                 f"job's updates (bound {bound:.4g}).")
 
 
 def check_shard_loss(before: float, after: float) -> None:

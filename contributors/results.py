@@ -75,7 +75,8 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     verify = suspicious or reputation.should_reexecute(device.verified_streak, draw)
     evidence["reexecute"] = {"rate": reputation.reexecution_rate(device.verified_streak), "chosen": verify}
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
-               "train_seconds": receipt["train_seconds"], "update_norm": evidence["update_norm"]}
+               "train_seconds": receipt["train_seconds"], "update_norm": evidence["update_norm"],
+               "update_norm_per_step": evidence["update_norm_per_step"]}
     try:
         return _accept(device=device, unit=unit, lease=lease, receipt=receipt, signature=signature,
                        evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics, verify=verify)
@@ -152,10 +153,13 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
                                  max_inflated_bytes=checks.max_update_bytes(len(reference_bytes)))
     checks.check_state(state, reference)
     norm = checks.update_norm(state, reference)
-    bound = checks.norm_bound([metrics.get("update_norm", 0.0) for metrics in WorkUnit.objects.filter(
+    # Per optimizer step: shards are sized by speed, so an honest fast device's update is as many times longer
+    # as it took steps; compared whole, a ten-times-faster device looked like a scaling attack.
+    per_step = norm / max(jobs.unit_steps(unit), 1)
+    bound = checks.norm_bound([metrics.get("update_norm_per_step", 0.0) for metrics in WorkUnit.objects.filter(
         round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED,
     ).order_by("-id").values_list("result_metrics", flat=True)[:NORM_HISTORY_UNITS]])
-    checks.check_update_norm(norm, bound)
+    checks.check_update_norm(norm, bound, per_step=per_step)
     held = (timezone.now() - lease.created_at).total_seconds()
     checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held)
     # The probe's benchmark can be far off (a busy machine measures slow); only speeds learned from this
@@ -165,7 +169,8 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
                                    work_samples=jobs.unit_work_samples(unit))
     before, after = _shard_losses(unit, reference, state)
     checks.check_shard_loss(before, after)
-    evidence = {"update_norm": norm, "norm_bound": bound, "shard_loss_before": before, "shard_loss_after": after,
+    evidence = {"update_norm": norm, "update_norm_per_step": per_step, "norm_bound_per_step": bound,
+                "shard_loss_before": before, "shard_loss_after": after,
                 "held_seconds": round(held, 3)}
     if collision is not None:
         evidence["same_bytes_as_receipt"] = collision

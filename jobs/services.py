@@ -342,6 +342,15 @@ def unit_flops(job: Job, samples: int) -> int:
                                batch_size=job.hparams["batch_size"])
 
 
+def unit_steps(unit: WorkUnit) -> int:
+    """The optimizer steps a unit's training takes (epochs × batches of its shard, or DiLoCo's inner_steps),
+    counted by the site from the unit, never taken from the device's receipt."""
+    job = unit.round.job
+    if job.inner_steps:
+        return job.inner_steps
+    return job.hparams["epochs"] * -(-unit.samples // job.hparams["batch_size"])
+
+
 def unit_work_samples(unit: WorkUnit) -> int:
     """The samples a unit's training passes over (its shard × epochs, or DiLoCo's inner_steps × batch): what a
     device's speed is measured against."""

@@ -8,6 +8,7 @@ from billing import selectors as ledger
 from billing.models import Transaction
 from contributors import services as contributors
 from contributors.models import Device, DeviceEvent, Receipt
+from jobs import services as jobs_services
 from jobs.models import Job, WorkUnit
 
 from .test_spine import assert_ledger_consistent, create_job, run_until_done
@@ -279,3 +280,23 @@ def test_a_fifth_of_malicious_devices_costs_less_than_a_point_of_accuracy(custom
     assert not Receipt.objects.filter(device=devices[0].device, unit__round__job=attacked,
                                       status=Receipt.Status.ACCEPTED).exists()
     assert_ledger_consistent(attacked)
+
+
+def test_update_norms_are_bounded_per_optimizer_step_so_a_big_shard_is_not_a_scaling_attack():
+    from contributors import checks
+
+    bound = checks.norm_bound([0.01, 0.011, 0.012])  # per step, from units of 30 steps
+    # An honest fast device's shard took 10× the steps: its whole update is ~10× longer, its steps are not.
+    checks.check_update_norm(3.3, bound, per_step=3.3 / 300)
+    with pytest.raises(checks.ResultRejected) as refused:  # the same length in 30 steps is a scaled update
+        checks.check_update_norm(3.3, bound, per_step=3.3 / 30)
+    assert refused.value.code == "update_too_large"
+
+
+def test_the_site_counts_a_units_steps_itself(customer_api, digits_dataset, make_device):
+    make_device("a")
+    job = create_job(customer_api, digits_dataset["id"], rounds=1, epochs=2, batch_size=32)
+    unit = WorkUnit.objects.get(round__job_id=job["id"])
+    assert jobs_services.unit_steps(unit) == 2 * -(-unit.samples // 32)
+    Job.objects.filter(pk=job["id"]).update(inner_steps=7)
+    assert jobs_services.unit_steps(WorkUnit.objects.get(pk=unit.pk)) == 7
