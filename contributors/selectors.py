@@ -31,10 +31,15 @@ def can_run(device: Device, *, min_memory_bytes: int, backends) -> bool:
 
 
 def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) -> list[tuple[int, float]]:
-    """(device id, measured FLOP/s) of the online devices that can run a job needing this much memory on
-    one of these backends."""
-    rows = devices_online().filter(quarantined_at__isnull=True).order_by("id")
-    return [(d.pk, d.flops_per_s) for d in rows if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+    """(device id, FLOP/s) of the online devices that can run a job needing this much memory on one of these
+    backends. A probe's benchmark is only a guess (a busy machine measures itself ten times slower), so a
+    device with no verified unit yet counts at the median speed of those measured on real units (at its
+    probe's when none is): planned on a guess far too low it would get no shard, so never a measurement."""
+    rows = [d for d in devices_online().filter(quarantined_at__isnull=True).order_by("id")
+            if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+    measured = sorted(d.flops_per_s for d in rows if d.verified_total > 0 and d.flops_per_s > 0)
+    guess = measured[len(measured) // 2] if measured else None
+    return [(d.pk, d.flops_per_s if d.verified_total > 0 or guess is None else guess) for d in rows]
 
 
 def capacity_for(*, min_memory_bytes: int, backends) -> dict:

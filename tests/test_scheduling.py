@@ -240,3 +240,19 @@ def test_a_round_past_its_hard_deadline_waits_for_results_being_reexecuted(custo
     assert WorkUnit.objects.filter(round__job_id=job["id"], status=WorkUnit.Status.VERIFYING).count() == 1
     assert jobs.rounds_overdue() == []
 
+
+
+def test_a_new_device_is_planned_at_the_measured_median_not_at_its_probes_guess(make_device):
+    from contributors.selectors import device_capacities_online
+
+    veterans = [make_device(f"v{i}") for i in range(3)]
+    for device, speed in zip(veterans, (1e9, 2e9, 4e9)):
+        Device.objects.filter(pk=device.device.pk).update(verified_total=5, flops_per_s=speed)
+    newcomer = make_device("new")
+    Device.objects.filter(pk=newcomer.device.pk).update(flops_per_s=1e6)  # its probe ran on a busy machine
+
+    speeds = dict(device_capacities_online(min_memory_bytes=0, backends=["cpu"]))
+    assert speeds[newcomer.device.pk] == 2e9
+    assert [speeds[v.device.pk] for v in veterans] == [1e9, 2e9, 4e9]
+    Device.objects.exclude(pk=newcomer.device.pk).delete()
+    assert device_capacities_online(min_memory_bytes=0, backends=["cpu"]) == [(newcomer.device.pk, 1e6)]
