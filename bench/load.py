@@ -43,6 +43,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -99,6 +100,7 @@ def main() -> int:
     db_doubles = _database_double_leases()
     plans = {} if options.skip_planning else plan_timings(options)
     _report(options, world, phases, db_doubles, plans, web_log)
+    shutil.rmtree(tmp, ignore_errors=True)  # blobs, broker messages, logs (the web log's tracebacks were shown)
     return 0
 
 
