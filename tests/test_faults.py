@@ -454,13 +454,15 @@ def test_tasks_delivered_twice_change_nothing_the_first_did_not(site):
         send_twice("jobs.tasks.open_round", s.job_id)
 
     def on_poll(s: Scenario) -> None:
-        for unit_id in WorkUnit.objects.filter(round__job_id=s.job_id, status=WorkUnit.Status.VERIFYING
-                                               ).values_list("id", flat=True):
+        """While the job runs: every re-execution and every aggregation is delivered twice more, as soon as the
+        site has sent its own (a duplicate comes after the original, mostly after it has run)."""
+        done = [WorkUnit.Status.VERIFYING, WorkUnit.Status.ACCEPTED]
+        for unit_id in WorkUnit.objects.filter(round__job_id=s.job_id, status__in=done).values_list("id", flat=True):
             if ("contributors.tasks.verify_unit", unit_id) not in sent:
                 send_twice("contributors.tasks.verify_unit", unit_id, queue="validation")
-        for rnd in Round.objects.filter(job_id=s.job_id, status=Round.Status.OPEN):
-            if not rnd.units.exclude(status=WorkUnit.Status.ACCEPTED).exists() and (
-                    "jobs.tasks.aggregate_round", rnd.pk) not in sent:
+        outstanding = [WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING]
+        for rnd in Round.objects.filter(job_id=s.job_id).exclude(units__status__in=outstanding):
+            if ("jobs.tasks.aggregate_round", rnd.pk) not in sent:
                 send_twice("jobs.tasks.aggregate_round", rnd.pk)
 
     s = run_scenario(site, duplicate_live_tasks, rounds=2, on_poll=on_poll)
