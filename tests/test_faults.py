@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
-from muninn_worker import signing, tensors, training, zoo
+from muninn_worker import codec, signing, tensors, training, zoo
 from muninn_worker.api import ApiClient
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.runner import _Heartbeat
@@ -154,7 +154,9 @@ def site(django_db_setup, tmp_path_factory):
     env = base_env(DATABASE_URL=database_url(), CELERY_BROKER_URL=redis.url, MEDIA_ROOT=str(log_dir / "media"),
                    MUNINN_VAR_DIR=str(log_dir / "var"), DEBUG="1", LOG_LEVEL="INFO",
                    MUNINN_LEASE_SECONDS=str(LEASE_SECONDS), MUNINN_STALL_SECONDS=str(STALL_SECONDS),
-                   MUNINN_RESERVATION_SECONDS="3", MUNINN_FAILPOINTS="", MUNINN_WORKER_FAILPOINTS="",
+                   # Longer than an idle client's longest poll (runner.MAX_IDLE_DELAY 5 s, +20 % jitter): each
+                   # device must find its own shard before the other may take it.
+                   MUNINN_RESERVATION_SECONDS="8", MUNINN_FAILPOINTS="", MUNINN_WORKER_FAILPOINTS="",
                    # Stragglers' backups are not what these scenarios inject: a unit slowed by a loaded machine
                    # must not be re-issued under them (tests/test_scheduling.py covers backups).
                    MUNINN_ROUND_DEADLINE_MIN_SECONDS="120")
@@ -498,11 +500,12 @@ def train_like_a_worker(client: ApiClient, unit: dict, cache: Path) -> tuple[byt
     weights = client.download(unit["id"], "weights", unit["weights_sha256"], cache)
     shard = client.download(unit["id"], "shard", unit["shard_sha256"], cache)
     model = zoo.build_model(unit["template"], unit["model_config"])
-    model.load_state_dict(tensors.bytes_to_state_dict(weights))
+    global_state = tensors.bytes_to_state_dict(weights)
+    model.load_state_dict(global_state)
     X, y = tensors.bytes_to_shard(shard)
     started = utc_now_iso()
     result = training.train_local(model, X, y, **unit["train"])
-    payload = tensors.state_dict_to_bytes(result.state_dict)
+    payload = codec.encode_update(result.state_dict, global_state, unit["encoding"])  # as the runner uploads it
     receipt = build_receipt(unit, result, output_sha256=tensors.sha256_hex(payload), started_at=started,
                             finished_at=utc_now_iso())
     return payload, receipt
