@@ -5,7 +5,7 @@ it, starts gunicorn on a free port against it (scripts/stack.py, DEBUG off, as i
 customer with credit and enough running jobs (a small MLP on digits) that every claim finds a queued unit,
 and registers N devices through the real API, each with its own Ed25519 key. Then N asyncio devices loop:
 
-    claim → heartbeat(s) → post a small valid result (signed receipt, safetensors) → claim ...
+    claim → heartbeat(s) → post a small valid result (signed receipt, an encoded update) → claim ...
 
 twice, for `--seconds` each: first as fast as they can (the most the site serves: ops/s), then paced to
 `--rate` ops/s in all (the latency a device sees at that load). With N devices that never wait, latency is
@@ -232,12 +232,12 @@ def aiohttp_errors() -> tuple[type[BaseException], ...]:
 def _result(unit: dict, state: dict, claimed: float, rng: random.Random) -> tuple[bytes, dict]:
     """The global weights nudged a little: a valid, unique result that passes every check of the site."""
     import torch
-    from muninn_worker import tensors
+    from muninn_worker import codec, tensors
 
     generator = torch.Generator().manual_seed(rng.getrandbits(62))
-    out = tensors.state_dict_to_bytes({name: (value + 1e-3 * torch.randn(value.shape, generator=generator)
-                                              if value.is_floating_point() else value)
-                                       for name, value in state.items()})
+    nudged = {name: (value + 1e-3 * torch.randn(value.shape, generator=generator) if value.is_floating_point()
+                     else value) for name, value in state.items()}
+    out = codec.encode_update(nudged, state, unit.get("encoding", "fp32"))  # as the worker client uploads it
     now = datetime.now(UTC)
     seconds = time.monotonic() - claimed
     receipt = {
