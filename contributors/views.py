@@ -104,11 +104,9 @@ def job_devices_panel(job: Job) -> dict:
     """For the job page (passed in by muninn/urls.py): the devices whose work was accepted for the job and,
     when no online device can run it, why (in place of the page's note on what the job waits for)."""
     panel = {"devices": selectors.job_devices(job=job)}
-    if job.status == Job.Status.RUNNING:
-        waiting = job_waiting_reason(job, selectors.capacity_for(min_memory_bytes=job.peak_memory_bytes,
-                                                                 backends=job.backend_list))
-        if waiting:
-            panel["note"] = waiting
+    waiting = job_waiting_reason(job, selectors.capacity_for)
+    if waiting:
+        panel["note"] = waiting
     return panel
 
 

@@ -98,10 +98,7 @@ class JobDetailSerializer(JobSerializer):
     def get_waiting(self, job: Job) -> str | None:
         """Why a running job is not moving (no online device can run it), or null."""
         capacity = self.context.get("capacity")
-        if capacity is None or job.status != Job.Status.RUNNING:
-            return None
-        return selectors.job_waiting_reason(job, capacity(min_memory_bytes=job.peak_memory_bytes,
-                                                          backends=job.backend_list))
+        return None if capacity is None else selectors.job_waiting_reason(job, capacity)
 
     def get_round_list(self, job: Job) -> list:
         return RoundSerializer(selectors.job_rounds(job=job).prefetch_related("units"), many=True).data

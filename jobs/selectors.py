@@ -1,4 +1,6 @@
 """Reads on jobs and datasets. Everything a user reaches by id goes through an owner filter here."""
+from collections.abc import Callable
+
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 
@@ -28,10 +30,14 @@ def job_rounds(*, job: Job) -> QuerySet[Round]:
 BACKEND_NAMES = {"cpu": "a CPU", "cuda": "a CUDA GPU", "mps": "an Apple GPU"}
 
 
-def job_waiting_reason(job: Job, capacity: dict) -> str | None:
+def job_waiting_reason(job: Job, capacity_for: Callable[..., dict]) -> str | None:
     """Why a running job is not moving, in words for its customer, or None when some online device can run
-    it. `capacity` is what contributors.selectors.capacity_for says about the devices online."""
-    if job.status != Job.Status.RUNNING or capacity["capable"] > 0:
+    it. `capacity_for` is contributors.selectors.capacity_for, passed in by the caller (jobs/ sits below
+    contributors/); it is asked only about running jobs."""
+    if job.status != Job.Status.RUNNING:
+        return None
+    capacity = capacity_for(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list)
+    if capacity["capable"] > 0:
         return None
     need = f"{job.peak_memory_bytes / 2**30:.2f} GiB of memory on " + " or ".join(
         BACKEND_NAMES.get(b, b) for b in job.backend_list)
