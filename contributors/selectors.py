@@ -13,6 +13,11 @@ def devices_online() -> QuerySet[Device]:
     return Device.objects.filter(is_active=True, last_seen_at__gte=since)
 
 
+def devices_available() -> QuerySet[Device]:
+    """Online and not quarantined: the devices that may be given work."""
+    return devices_online().filter(quarantined_at__isnull=True)
+
+
 def device_resources(device: Device) -> dict[str, int]:
     """The backends the device offers, each with the memory a unit may use on it: RAM for the CPU (and for
     Apple MPS, whose memory is unified), the largest GPU's memory for CUDA."""
@@ -35,7 +40,7 @@ def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) ->
     backends. A probe's benchmark is only a guess (a busy machine measures itself ten times slower), so a
     device with no verified unit yet counts at the median speed of those measured on real units (at its
     probe's when none is): planned on a guess far too low it would get no shard, so never a measurement."""
-    rows = [d for d in devices_online().filter(quarantined_at__isnull=True).order_by("id")
+    rows = [d for d in devices_available().order_by("id")
             if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
     measured = sorted(d.flops_per_s for d in rows if d.verified_total > 0 and d.flops_per_s > 0)
     guess = measured[len(measured) // 2] if measured else None
@@ -45,7 +50,7 @@ def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) ->
 def capacity_for(*, min_memory_bytes: int, backends) -> dict:
     """How many online devices could run a job with these needs, and what the online ones offer: enough
     to tell a customer why their job waits."""
-    devices = list(devices_online().filter(quarantined_at__isnull=True))
+    devices = list(devices_available())
     return {"capable": sum(1 for d in devices if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)),
             "online": len(devices),
             "max_ram_bytes": max((d.memory_bytes for d in devices), default=0),
