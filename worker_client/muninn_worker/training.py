@@ -1,25 +1,36 @@
 """Local training of one work unit: SGD with momentum (or Adam, for transformers) on the task's loss.
 
-The site uses the same functions to re-execute units for verification, so everything that affects the
-result is derived from the `seed` the site hands out: torch's global seed and the shuffling generator.
-On CPU the result is bitwise reproducible.
+The site re-trains segments of units with the same functions to verify them, so everything that affects the
+result comes from what the site hands out: the data order is a function of (seed, step) alone
+(`muninn_worker.order`, never torch's CPU or CUDA random streams), and the state at every segment boundary
+(weights and optimizer state) can be kept, committed to, and re-trained from (`muninn_worker.segments`). On CPU
+the result is bitwise reproducible; on CUDA it is with `deterministic_cuda()`.
+
+`numerics="f64"` trains in float64 and rounds the weights and optimizer state to float32 after every step: a
+faithful stand-in for another device's arithmetic (its distances from a float32 CPU run track those of a real
+GPU, see shared measurements and bench/verification.py), used by tests and calibration on CPU-only machines.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from muninn_worker import tasks
+from muninn_worker import order, tasks
+from muninn_worker.segments import Checkpoint
 
-__all__ = ["TrainResult", "ProgressFn", "train_local", "evaluate", "predict"]
+__all__ = ["TrainResult", "ProgressFn", "BoundaryFn", "train_local", "train_segment", "evaluate", "predict",
+           "initial_optimizer_state", "deterministic_cuda", "NUMERICS"]
 
 ProgressFn = Callable[[int, int, float], None]  # (epoch, epochs, mean training loss of that epoch)
+BoundaryFn = Callable[[int, Checkpoint], None]  # (boundary index, the state there)
+NUMERICS = ("native", "f64")
 
 # Full-shard evaluation runs in chunks so a large shard never needs one giant activation tensor.
 _EVAL_CHUNK = 8192
@@ -33,6 +44,20 @@ class TrainResult:
     loss_before: float
     loss_after: float
     train_seconds: float
+    optimizer_state: dict[str, Tensor] = field(default_factory=dict)
+    step_losses: list[float] = field(default_factory=list)
+
+
+def deterministic_cuda() -> None:
+    """Make CUDA training reproducible bit for bit on the same kind of GPU: deterministic kernels (cuBLAS needs
+    its workspace setting before it starts), no cuDNN autotuning, full fp32 (no TF32: its 10-bit mantissa is
+    far past any tolerance)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def train_local(
@@ -48,42 +73,52 @@ def train_local(
     optimizer: str = "sgd",
     inner_steps: int | None = None,
     progress: ProgressFn | None = None,
+    segment_steps: int | None = None,
+    on_boundary: BoundaryFn | None = None,
+    numerics: str = "native",
 ) -> TrainResult:
     """Train `model` in place on (X, y) and return its new weights with the numbers a receipt needs.
 
-    The last batch of an epoch may be smaller than `batch_size`, so steps = epochs * ceil(samples / batch).
-    `progress` may raise to abort training (the runner does when its lease is lost). The task (and so the
-    loss) is the model's `task`: see `muninn_worker.tasks`. `optimizer` is "sgd" (with `momentum`) or "adam".
-
-    `inner_steps` (DiLoCo) replaces epochs: exactly that many steps, each on a batch of min(batch_size, samples)
-    drawn from successive shuffles of the shard, so the work is inner_steps × that batch, whatever the shard's
-    size; `progress` then reports every ceil(samples / batch) steps (an epoch's worth) and at the end.
+    steps = epochs * ceil(samples / batch) (an epoch's last batch may be short), or exactly `inner_steps`
+    (DiLoCo: each step on min(batch_size, samples) rows; see `order.batch_indices`). `progress` is called at
+    the end of every epoch (DiLoCo: every ceil(samples / batch) steps) and may raise to abort training (the
+    runner does when its lease is lost). `on_boundary(i, checkpoint)` receives the state at boundary i, every
+    `segment_steps` steps from the start (boundary 0) to the end (see `muninn_worker.segments`).
     """
     X, y = _prepare(model, X, y)
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be at least 1 (got {epochs}, {batch_size})")
+    if inner_steps is not None and inner_steps < 1:
+        raise ValueError(f"inner_steps must be at least 1 (got {inner_steps})")
     samples = X.shape[0]
     loss_before = evaluate(model, X, y)["loss"]
+    steps = order.total_steps(samples, epochs=epochs, batch_size=batch_size, inner_steps=inner_steps)
+    k = segment_steps or steps
+    per_report = math.ceil(samples / (batch_size if inner_steps is None else min(batch_size, samples)))
+    reports = epochs if inner_steps is None else math.ceil(steps / per_report)
+    rows = _Rows(seed=seed, samples=samples, batch_size=batch_size, inner_steps=inner_steps)
 
-    # enable_grad: the site may call this from inside a no_grad block (e.g. while verifying).
-    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+    with _Numerics(model, X, numerics) as run, torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(seed)
-        shuffler = torch.Generator().manual_seed(seed)
-        opt = _optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], lr, momentum)
-        model.train()
-        steps = 0
+        opt = _optimizer(optimizer, _trainable(model), lr, momentum)
+        if on_boundary is not None:
+            on_boundary(0, run.checkpoint(opt))
+        losses: list[float] = []
+        total, seen = 0.0, 0
         started = time.perf_counter()
-        if inner_steps is None:
-            for epoch in range(1, epochs + 1):
-                epoch_loss = _train_epoch(model, opt, X, y, batch_size, shuffler)
-                steps += math.ceil(samples / batch_size)
-                if progress is not None:
-                    progress(epoch, epochs, epoch_loss)
-        else:
-            if inner_steps < 1:
-                raise ValueError(f"inner_steps must be at least 1 (got {inner_steps})")
-            steps = _train_steps(model, opt, X, y, min(batch_size, samples), inner_steps, shuffler, progress)
+        for step in range(steps):
+            index = rows(step)
+            loss = run.step(opt, index, y)
+            losses.append(loss)
+            total, seen = total + loss * len(index), seen + len(index)
+            done = step + 1
+            if on_boundary is not None and (done % k == 0 or done == steps):
+                on_boundary(math.ceil(done / k), run.checkpoint(opt))
+            if progress is not None and (done % per_report == 0 or done == steps):
+                progress(math.ceil(done / per_report), reports, total / seen)
+                total, seen = 0.0, 0
         train_seconds = time.perf_counter() - started
+        final_optimizer = run.optimizer_state(opt)
 
     return TrainResult(
         state_dict=_detached_state(model),
@@ -92,50 +127,161 @@ def train_local(
         loss_before=loss_before,
         loss_after=evaluate(model, X, y)["loss"],
         train_seconds=train_seconds,
+        optimizer_state=final_optimizer,
+        step_losses=losses,
     )
 
 
-def _train_epoch(
+def train_segment(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
     X: Tensor,
     y: Tensor,
+    start: Checkpoint,
+    *,
+    first_step: int,
+    steps: int,
+    epochs: int,
     batch_size: int,
-    shuffler: torch.Generator,
-) -> float:
-    """One pass over a fresh permutation; returns the sample-weighted mean training loss."""
-    order = torch.randperm(X.shape[0], generator=shuffler).to(X.device)
-    total = 0.0
-    for start in range(0, X.shape[0], batch_size):
-        index = order[start : start + batch_size]
-        optimizer.zero_grad(set_to_none=True)
-        loss = tasks.loss(model, model(X[index]), y[index])
-        loss.backward()
-        optimizer.step()
-        total += loss.item() * index.shape[0]
-    return total / X.shape[0]
+    lr: float,
+    momentum: float = 0.0,
+    seed: int,
+    optimizer: str = "sgd",
+    inner_steps: int | None = None,
+    numerics: str = "native",
+) -> tuple[Checkpoint, list[float]]:
+    """Re-train steps [first_step, first_step + steps) of a unit from the checkpoint `start`, exactly as
+    `train_local` trained them: the validator's half of a segment check. Returns the end state and the loss
+    of each step. `epochs` only sizes the schedule (the batches of step s depend on s, not on the total)."""
+    model.load_state_dict(start.weights, strict=True)
+    X, y = _prepare(model, X, y)
+    rows = _Rows(seed=seed, samples=X.shape[0], batch_size=batch_size, inner_steps=inner_steps)
+    with _Numerics(model, X, numerics) as run, torch.random.fork_rng(devices=[]), torch.enable_grad():
+        torch.manual_seed(seed)
+        opt = _optimizer(optimizer, _trainable(model), lr, momentum)
+        _load_optimizer_state(opt, model, start.optimizer)
+        losses = [run.step(opt, rows(step), y) for step in range(first_step, first_step + steps)]
+        return run.checkpoint(opt), losses
 
 
-def _train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, X: Tensor, y: Tensor, batch: int,
-                 inner_steps: int, shuffler: torch.Generator, progress: ProgressFn | None) -> int:
-    """`inner_steps` steps of exactly `batch` samples each, taken in order from back-to-back permutations."""
-    per_report = math.ceil(X.shape[0] / batch)
-    reports = math.ceil(inner_steps / per_report)
-    pool = torch.empty(0, dtype=torch.long)
-    total, seen = 0.0, 0
-    for step in range(1, inner_steps + 1):
-        while pool.shape[0] < batch:
-            pool = torch.cat([pool, torch.randperm(X.shape[0], generator=shuffler)])
-        index, pool = pool[:batch].to(X.device), pool[batch:]
-        optimizer.zero_grad(set_to_none=True)
-        loss = tasks.loss(model, model(X[index]), y[index])
+def initial_optimizer_state(model: nn.Module, optimizer: str, momentum: float = 0.0) -> dict[str, Tensor]:
+    """The optimizer state before the first step, in the checkpoint's form: what boundary 0 commits to."""
+    params = dict(_named_trainable(model))
+    if optimizer == "adam":
+        state = {}
+        for name, p in params.items():
+            state[f"exp_avg:{name}"] = torch.zeros_like(p, device="cpu")
+            state[f"exp_avg_sq:{name}"] = torch.zeros_like(p, device="cpu")
+            state[f"step:{name}"] = torch.zeros((), dtype=torch.float32)
+        return state
+    if optimizer == "sgd":
+        if momentum == 0:
+            return {}
+        return {f"momentum_buffer:{name}": torch.zeros_like(p, device="cpu") for name, p in params.items()}
+    raise ValueError(f"unknown optimizer {optimizer!r} (known: sgd, adam)")
+
+
+class _Rows:
+    """The shard rows of each step (`order.batch_indices`), as a tensor index."""
+
+    def __init__(self, *, seed: int, samples: int, batch_size: int, inner_steps: int | None) -> None:
+        self._args = {"seed": seed, "samples": samples, "batch_size": batch_size, "inner_steps": inner_steps}
+
+    def __call__(self, step: int) -> list[int]:
+        return order.batch_indices(step, **self._args)
+
+
+class _Numerics:
+    """Runs steps in the chosen arithmetic. "native": the model's own dtype on its own device. "f64": a
+    float64 copy of everything, rounded to float32 after every step (the state stays float32-representable,
+    so checkpoints are exact); the model is float32 again on exit."""
+
+    def __init__(self, model: nn.Module, X: Tensor, numerics: str) -> None:
+        if numerics not in NUMERICS:
+            raise ValueError(f"unknown numerics {numerics!r} (known: {', '.join(NUMERICS)})")
+        self.model, self.X, self.f64 = model, X, numerics == "f64"
+        self._dtypes = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
+
+    def __enter__(self) -> _Numerics:
+        if self.f64:
+            self.model.double()
+            if self.X.is_floating_point():
+                self.X = self.X.double()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.f64:
+            self.model.float()
+
+    def step(self, opt: torch.optim.Optimizer, rows: list[int], y: Tensor) -> float:
+        index = torch.tensor(rows, dtype=torch.long, device=self.X.device)
+        opt.zero_grad(set_to_none=True)
+        target = y[index]
+        if self.f64 and target.is_floating_point():
+            target = target.double()
+        loss = tasks.loss(self.model, self.model(self.X[index]), target)
         loss.backward()
-        optimizer.step()
-        total, seen = total + loss.item() * batch, seen + batch
-        if progress is not None and (step % per_report == 0 or step == inner_steps):
-            progress(math.ceil(step / per_report), reports, total / seen)
-            total, seen = 0.0, 0
-    return inner_steps
+        opt.step()
+        if self.f64:
+            self._round(opt)
+        return float(loss.item())
+
+    @torch.no_grad()
+    def _round(self, opt: torch.optim.Optimizer) -> None:
+        for p in self.model.parameters():
+            p.copy_(p.float())
+        for slots in opt.state.values():
+            for value in slots.values():
+                if torch.is_tensor(value) and value.is_floating_point():
+                    value.copy_(value.float())
+
+    def checkpoint(self, opt: torch.optim.Optimizer) -> Checkpoint:
+        weights = {k: v.to(self._dtypes.get(k, v.dtype)) for k, v in _detached_state(self.model).items()}
+        return Checkpoint(weights, self.optimizer_state(opt))
+
+    def optimizer_state(self, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
+        state = {}
+        for name, p in _named_trainable(self.model):
+            for slot, value in opt.state.get(p, {}).items():
+                if torch.is_tensor(value):
+                    value = value.detach().to("cpu", torch.float32).clone().contiguous()
+                    state[f"{slot}:{name}"] = value
+        return state or _zero_state(opt, self.model)
+
+
+def _zero_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict[str, Tensor]:
+    """Before the first step torch keeps no state: the checkpoint then holds the zeros it starts from."""
+    if isinstance(opt, torch.optim.Adam):
+        return initial_optimizer_state(model, "adam")
+    return initial_optimizer_state(model, "sgd", opt.defaults.get("momentum", 0.0))
+
+
+def _load_optimizer_state(opt: torch.optim.Optimizer, model: nn.Module, state: dict[str, Tensor]) -> None:
+    """Put a checkpoint's optimizer state back into `opt` (the zeros of boundary 0 act exactly like a fresh
+    optimizer: SGD's first step sets its buffer to the gradient, 0.9 x 0 + g; Adam's starts from zero moments)."""
+    named = dict(_named_trainable(model))
+    expected = set(initial_optimizer_state(model, "adam" if isinstance(opt, torch.optim.Adam) else "sgd",
+                                           opt.defaults.get("momentum", 0.0)))
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state))[:3], sorted(set(state) - expected)[:3]
+        raise ValueError(f"the checkpoint's optimizer state does not fit this model (missing {missing}, "
+                         f"unexpected {extra})")
+    for key, value in state.items():
+        slot, name = key.split(":", 1)
+        p = named[name]
+        if slot == "step":
+            opt.state[p][slot] = value.detach().to(torch.float32).clone()
+        else:
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"optimizer state {key!r} has shape {list(value.shape)}; expected {list(p.shape)}")
+            opt.state[p][slot] = value.detach().to(p.device, p.dtype).clone()
+
+
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for _, p in _named_trainable(model)]
+
+
+def _named_trainable(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
 
 def _optimizer(name: str, params: list, lr: float, momentum: float) -> torch.optim.Optimizer:

@@ -1,0 +1,46 @@
+"""How far an honest segment may land from the validator's re-training of it: measured, not a constant.
+
+`bench/verification.py` trains honest segments of every template under another device's arithmetic (the
+float64-rounded-to-float32 stand-in, which tracks a real GPU against a CPU: shared measurements) and writes
+the worst relative distance it saw per template and segment length to `data/tolerances.json`: the envelope.
+A segment passes when its distance is at most MULTIPLE × that envelope (never below the floor, which covers a
+validator with another thread count). Each template also has its segment length: the longest whose honest
+envelope stays far from every cheat the calibration tries (`segment_steps`). Pure: reads one JSON file.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data" / "tolerances.json"
+
+
+@lru_cache(maxsize=1)
+def table() -> dict:
+    return json.loads(DATA.read_text())
+
+
+def segment_steps(template: str) -> int:
+    """The segment length k a new job of this template is given."""
+    return int(_template(template)["segment_steps"])
+
+
+def envelope(template: str, k: int) -> float:
+    """The honest envelope at k steps: measured at the smallest calibrated length ≥ k (the longest when k is
+    past them all; drift grows with k, so a shorter length's envelope would be too tight)."""
+    measured = {int(steps): float(value) for steps, value in _template(template)["envelope"].items()}
+    at = min((steps for steps in measured if steps >= k), default=max(measured))
+    return measured[at]
+
+
+def tolerance(template: str, k: int) -> float:
+    data = table()
+    return max(float(data["floor"]), float(data["multiple"]) * envelope(template, k))
+
+
+def _template(template: str) -> dict:
+    templates = table()["templates"]
+    if template not in templates:
+        raise KeyError(f"no calibrated tolerance for template {template!r}: run bench/verification.py")
+    return templates[template]
