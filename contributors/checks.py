@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import base64
+import math
 import binascii
 
 import torch
@@ -174,3 +175,57 @@ def check_reexecution(distance: float, tolerance: float) -> None:
     if not distance <= tolerance:
         raise ResultRejected("reexecution_mismatch", f"Re-executing the unit gave different weights "
                                                      f"(relative distance {distance:.3g} > {tolerance:g}).")
+
+
+# --- Segment checks: the committed chain of checkpoints, and one segment re-trained ------------------
+
+def check_chain(receipt: Mapping, *, segment_steps: int, segments: int, first: list[str], last_weights: str) -> None:
+    """The receipt commits to one checkpoint per boundary, starting at the round's global weights with a fresh
+    optimizer (`first`) and ending at the uploaded result as decoded (`last_weights`)."""
+    chain = receipt["checkpoints"]
+    if receipt["segment_steps"] != segment_steps:
+        raise ResultRejected("chain_mismatch", f"The receipt's segment_steps is {receipt['segment_steps']}; this "
+                                               f"unit's segments are {segment_steps} steps.")
+    if len(chain) != segments + 1:
+        raise ResultRejected("chain_mismatch", f"The receipt commits to {len(chain)} checkpoints; this unit's "
+                                               f"{segments} segment(s) have {segments + 1} boundaries.")
+    if list(chain[0]) != list(first):
+        raise ResultRejected("chain_mismatch", "The receipt's first checkpoint is not the round's global weights "
+                                               "with a fresh optimizer.")
+    if chain[-1][0] != last_weights:
+        raise ResultRejected("chain_mismatch", "The receipt's last checkpoint is not the uploaded result.")
+
+
+def state_distance(device: Mapping[str, torch.Tensor], validator: Mapping[str, torch.Tensor],
+                   scale: float) -> float:
+    """‖device − validator‖ over floating tensors, relative to `scale`."""
+    diff = sum(float((device[k].double() - v.double()).pow(2).sum())
+               for k, v in validator.items() if v.is_floating_point()) ** 0.5
+    if not math.isfinite(diff):
+        return float("inf")
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def segment_distance(*, device_weights: Mapping[str, torch.Tensor], device_optimizer: Mapping[str, torch.Tensor],
+                     validator_weights: Mapping[str, torch.Tensor], validator_optimizer: Mapping[str, torch.Tensor],
+                     start_weights: Mapping[str, torch.Tensor]) -> float:
+    """How far a device's end of segment lies from the validator's re-training of it: the larger of the
+    weights' distance relative to the segment's own update (‖w_dev − w_val‖ / ‖w_val − w_start‖) and the
+    optimizer state's relative to its size (‖o_dev − o_val‖ / ‖o_val‖; step counters must match exactly)."""
+    if set(device_weights) != set(validator_weights) or set(device_optimizer) != set(validator_optimizer):
+        return float("inf")
+    steps = [k for k in validator_optimizer if k.startswith("step:")]
+    if any(not torch.equal(device_optimizer[k], validator_optimizer[k]) for k in steps):
+        return float("inf")
+    moments = {k: v for k, v in validator_optimizer.items() if not k.startswith("step:")}
+    weights = state_distance(device_weights, validator_weights, update_norm(validator_weights, start_weights))
+    size = sum(float(v.double().pow(2).sum()) for v in moments.values()) ** 0.5
+    optimizer = state_distance(device_optimizer, moments, size) if moments else 0.0
+    return max(weights, optimizer)
+
+
+def check_segment(distance: float, tolerance: float, *, segment: int) -> None:
+    if not distance <= tolerance:
+        raise ResultRejected("reexecution_mismatch", f"Re-training segment {segment} from the device's own "
+                                                     f"checkpoint gave different weights (relative distance "
+                                                     f"{distance:.3g} > {tolerance:.3g}).")

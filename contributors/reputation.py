@@ -1,7 +1,9 @@
 """How much the platform trusts a device: pure arithmetic, after BOINC's adaptive replication.
 
-New devices have every result re-executed; a device whose results keep agreeing is checked less and less
-often (never below MIN_RATE); one disagreement resets its streak, and repeated failures quarantine it.
+New devices have every result checked; a device whose results keep agreeing is checked less and less
+often (never below MIN_RATE); one disagreement resets its streak, and failures confirmed on QUARANTINE_AFTER
+different units quarantine it. A check re-trains CHALLENGED_SEGMENTS segments of the unit, drawn with the
+site's secret after the device has committed to every checkpoint, so it cannot know which ones.
 """
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import hashlib
 
 TRUST_AFTER = 5  # consecutive verified results before the re-execution rate starts to fall
 MIN_RATE = 0.05
-QUARANTINE_AFTER = 3  # failed results (since the last lifted quarantine)
+QUARANTINE_AFTER = 3  # units with a confirmed failure (since the last lifted quarantine)
+CHALLENGED_SEGMENTS = 1  # segments re-trained per checked unit (every one, up to SUSPECT_SEGMENTS, when suspect)
+SUSPECT_SEGMENTS = 64
 
 
 def reexecution_rate(streak: int, *, trust_after: int = TRUST_AFTER, min_rate: float = MIN_RATE) -> float:
@@ -30,5 +34,18 @@ def should_reexecute(streak: int, draw_value: float) -> bool:
     return draw_value < reexecution_rate(streak)
 
 
-def quarantine_due(failures: int, *, limit: int = QUARANTINE_AFTER) -> bool:
-    return failures >= limit
+def quarantine_due(failed_units: int, *, limit: int = QUARANTINE_AFTER) -> bool:
+    """`failed_units`: distinct units whose failure was confirmed (a re-training that disagreed, a checkpoint
+    that is not what was committed, a challenge left unanswered, a forged or inconsistent receipt)."""
+    return failed_units >= limit
+
+
+def draw_segments(secret: str, unit_id: int, lease_token: str, segments: int, *, suspect: bool = False) -> list[int]:
+    """Which segments (0-based) to re-train: CHALLENGED_SEGMENTS of them drawn with the secret, or, for a result
+    a cheap check found odd, every one (the last SUSPECT_SEGMENTS when there are more: an odd final state is
+    most likely made late). The same every time for the same lease."""
+    if suspect:
+        return list(range(max(0, segments - SUSPECT_SEGMENTS), segments))
+    order = sorted(range(segments), key=lambda j: hashlib.sha256(f"{secret}:{unit_id}:{lease_token}:segment:{j}"
+                                                                 .encode()).digest())
+    return sorted(order[:CHALLENGED_SEGMENTS])
