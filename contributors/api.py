@@ -16,7 +16,9 @@ from jobs import storage
 from jobs.hu import hu_str
 from muninn.errors import InvalidInput, NotFound, TooLarge
 
-from . import results, selectors, services
+from muninn_worker.segments import MAX_SEGMENTS
+
+from . import challenges, results, selectors, services
 from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
@@ -73,7 +75,7 @@ def unit_payload(claim: services.Claim) -> dict:
         "lease_seconds": settings.MUNINN_LEASE_SECONDS,
         "template": job.template, "model_config": job.model_config,
         "algorithm": job.algorithm, "encoding": job.update_encoding,
-        "train": job_services.unit_train_spec(unit),
+        "train": {**job_services.unit_train_spec(unit), "segment_steps": claim.lease.segment_steps},
         "weights_sha256": unit.round.weights_sha256, "shard_sha256": unit.shard_sha256, "samples": unit.samples,
         "base_sha256": job.base_weights.sha256 if job.base_weights_id else None,
     }
@@ -124,11 +126,16 @@ class ReceiptSerializer(serializers.Serializer):
     output_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
     samples = serializers.IntegerField(min_value=1)
     steps = serializers.IntegerField(min_value=0)
-    loss_before = serializers.FloatField()
-    loss_after = serializers.FloatField()
+    loss_before = serializers.FloatField(allow_null=True)  # null: not finite (training diverged)
+    loss_after = serializers.FloatField(allow_null=True)
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField()
     train_seconds = serializers.FloatField(min_value=0)
+    segment_steps = serializers.IntegerField(min_value=1)
+    checkpoints = serializers.ListField(
+        child=serializers.ListField(child=serializers.RegexField(r"^[0-9a-f]{64}$"), min_length=2, max_length=2),
+        min_length=2, max_length=MAX_SEGMENTS + 1,
+        help_text="[weights sha256, optimizer sha256] at every segment boundary (docs/worker-protocol.md)")
 
 
 class ResultView(DeviceView):
@@ -155,7 +162,33 @@ class ResultView(DeviceView):
                                         max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
         credited = stored.unit.hu if stored.status == stored.Status.ACCEPTED else 0
         return Response({"unit": unit_id, "status": stored.status, "hu": hu_str(stored.unit.hu),
-                         "credited_hu": hu_str(credited)}, status=201)
+                         "credited_hu": hu_str(credited), "challenge": challenges.challenge_payload(stored)},
+                        status=201)
+
+
+class CheckpointView(DeviceView):
+    """A challenged segment's checkpoint (muninn_worker.segments.checkpoint_to_bytes), checked against the
+    receipt's commitment."""
+
+    parser_classes = [MultiPartParser, FormParser]
+
+    def post(self, request, unit_id: int, boundary: int):
+        upload = request.FILES.get("checkpoint")
+        if upload is None:
+            raise InvalidInput("Attach the checkpoint as the 'checkpoint' file (safetensors).", code="no_checkpoint")
+        if upload.size > 2 * settings.MUNINN_MAX_RESULT_BYTES:
+            raise TooLarge(f"The checkpoint is {upload.size:,} bytes; the limit is "
+                           f"{2 * settings.MUNINN_MAX_RESULT_BYTES:,}.")
+        receipt = challenges.checkpoint_submit(device=request.auth, unit_id=unit_id, boundary=boundary,
+                                               data=upload.read())
+        return Response({"unit": unit_id, "status": receipt.status, "reason": receipt.reason,
+                         "missing": challenges.missing_boundaries(receipt)
+                         if receipt.status == receipt.Status.PENDING else []})
+
+
+class ChallengesView(DeviceView):
+    def get(self, request):
+        return Response({"challenges": challenges.challenges_open(device=request.auth)})
 
 
 class JobDevicesView(APIView):

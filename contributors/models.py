@@ -15,8 +15,9 @@ class Device(models.Model):
     # deadlines (comparable across models); samples/s is shown to people.
     flops_per_s = models.FloatField(default=0.0)
     samples_per_s = models.FloatField(default=0.0)
-    # Reputation: consecutive results that passed every check (re-executions included) set how often the
-    # device's work is re-executed; failures since the last lifted quarantine decide quarantine.
+    # Reputation: consecutive results that passed every check (segment checks included) set how often the
+    # device's work is checked; confirmed failures on distinct units since the last lifted quarantine decide
+    # quarantine (a check that honest training can fail, a rising loss or an odd norm, is evidence, not one).
     verified_streak = models.PositiveIntegerField(default=0)
     verified_total = models.PositiveIntegerField(default=0)
     failures = models.PositiveIntegerField(default=0)
@@ -36,6 +37,9 @@ class Lease(models.Model):
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="leases")
     unit = models.ForeignKey("jobs.WorkUnit", on_delete=models.CASCADE, related_name="leases")
     token = models.UUIDField(unique=True)
+    # The segment length k of this lease's training (contributors.tolerances): the receipt commits to a
+    # checkpoint every k steps, and a check re-trains segments of k steps.
+    segment_steps = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -46,7 +50,7 @@ class Receipt(models.Model):
     """What a device says it did for a unit, kept as evidence whether it was accepted or not."""
 
     class Status(models.TextChoices):
-        PENDING = "pending", "Passed the cheap checks, being re-executed"
+        PENDING = "pending", "Passed the cheap checks; its challenged segments are being checked"
         ACCEPTED = "accepted", "Accepted"
         REJECTED = "rejected", "Rejected"
 
@@ -67,7 +71,15 @@ class Receipt(models.Model):
     train_seconds = models.FloatField(null=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField(null=True)
-    verification = models.JSONField(default=dict, blank=True)  # how it was verified: checks, re-execution
+    verification = models.JSONField(default=dict, blank=True)  # how it was verified: checks, segment checks
+    # The chain the receipt commits to: k, and [weights sha256, optimizer sha256] at every boundary.
+    segment_steps = models.PositiveIntegerField(default=0)
+    checkpoints = models.JSONField(default=list, blank=True)
+    # A challenge: the segments drawn for re-training, the boundaries' checkpoints received so far
+    # ({boundary: blob sha256}), and when an unanswered challenge counts as a failed check.
+    challenge_segments = models.JSONField(default=list, blank=True)
+    checkpoint_blobs = models.JSONField(default=dict, blank=True)
+    challenge_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -94,6 +106,7 @@ class DeviceEvent(models.Model):
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     reason = models.CharField(max_length=500)
+    unit_id = models.BigIntegerField(null=True, blank=True)  # the unit a failure was confirmed on
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
                               related_name="+")
     at = models.DateTimeField(auto_now_add=True)

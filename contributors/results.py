@@ -6,7 +6,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from muninn_worker import tensors, training
+from muninn_worker import segments, tensors, training, zoo
 
 from billing import services as billing
 from jobs import services as jobs
@@ -64,22 +64,32 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
                                reason=f"{e.code}: {e.message}"[:500], payload=_jsonable(receipt),
                                signature=signature[:128])
         jobs.unit_release(unit_id=unit.pk, lease_token=lease.token)
-        services.device_record_failure(device=device, reason=f"{e.code}: {e.message}")
+        # Only lies an honest client never tells reach here (a forged or inconsistent receipt, a broken chain,
+        # no training, a replay): each is a confirmed failure on this unit.
+        services.device_record_failure(device=device, reason=f"{e.code}: {e.message}", unit_id=unit.pk)
         log.warning("device %s unit %s rejected: %s", device.pk, unit.pk, e.message)
         raise InvalidInput(e.message, code=e.code) from None
 
     storage.blob_put(weights)  # the upload as sent, which the receipt's output hash names
     state_sha = storage.blob_put(tensors.state_dict_to_bytes(state))
+    suspect = evidence["suspect"]
     draw = reputation.draw(settings.SECRET_KEY, unit.pk, str(lease.token))
-    suspicious = "same_bytes_as_receipt" in evidence or "implausibly_fast" in evidence
-    verify = suspicious or reputation.should_reexecute(device.verified_streak, draw)
-    evidence["reexecute"] = {"rate": reputation.reexecution_rate(device.verified_streak), "chosen": verify}
+    verify = bool(suspect) or "same_bytes_as_receipt" in evidence or reputation.should_reexecute(
+        device.verified_streak, draw)
+    n_segments = segments.segment_count(jobs.unit_steps(unit), lease.segment_steps)
+    challenged = []
+    if verify and "not_finite" not in suspect:  # a diverged result is re-trained whole (verification.py)
+        challenged = reputation.draw_segments(settings.SECRET_KEY, unit.pk, str(lease.token), n_segments,
+                                              suspect=bool(suspect))
+    evidence["check"] = {"rate": reputation.reexecution_rate(device.verified_streak), "chosen": verify,
+                         "segments": challenged, "of": n_segments}
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
-               "train_seconds": receipt["train_seconds"], "update_norm": evidence["update_norm"],
-               "update_norm_per_step": evidence["update_norm_per_step"]}
+               "train_seconds": receipt["train_seconds"], "update_norm": evidence.get("update_norm"),
+               "update_norm_per_step": evidence.get("update_norm_per_step")}
     try:
         return _accept(device=device, unit=unit, lease=lease, receipt=receipt, signature=signature,
-                       evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics, verify=verify)
+                       evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics, verify=verify,
+                       challenged=challenged)
     except Conflict:
         # The same upload, delivered twice at once (a client that timed out and sent it again while this one was
         # being checked): the other delivery won the unit's lock; this one gets the same answer.
@@ -95,7 +105,7 @@ def _live_receipt(device: Device, unit_id: int, output_sha: str) -> Receipt | No
 
 
 def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, signature: str, evidence: dict,
-            output_sha: str, result_sha: str, metrics: dict, verify: bool) -> Receipt:
+            output_sha: str, result_sha: str, metrics: dict, verify: bool, challenged: list[int]) -> Receipt:
     with transaction.atomic():
         unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=result_sha,
                                                 samples=receipt["samples"], metrics=metrics, verify=verify)
@@ -106,13 +116,16 @@ def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, sign
             output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
             loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
             train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
-            finished_at=receipt["finished_at"],
+            finished_at=receipt["finished_at"], segment_steps=receipt["segment_steps"],
+            checkpoints=receipt["checkpoints"], challenge_segments=challenged,
+            challenge_deadline=(timezone.now() + timezone.timedelta(seconds=settings.MUNINN_CHALLENGE_SECONDS)
+                                if challenged else None),
         )
-        if verify:
+        if verify and not challenged:  # a diverged result: the validator re-trains the unit whole, at once
             from .tasks import verify_unit
 
             transaction.on_commit(lambda: verify_unit.delay(unit.pk))
-        else:
+        elif not verify:
             credit(unit=unit, receipt=stored)
         if round_complete:
             aggregate_on_commit(unit.round_id)
@@ -135,7 +148,10 @@ def aggregate_on_commit(round_id: int) -> None:
 
 def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, output_sha: str, reference_bytes: bytes,
            receipt: dict, receipt_bytes: bytes, signature: str) -> tuple[dict, dict]:
-    """Every cheap check, cheapest first. Returns the evidence kept on the receipt and the decoded state."""
+    """Every cheap check, cheapest first. A lie an honest client never tells raises ResultRejected; a check that
+    honest training can fail (a rising loss on the shard, an unusual norm, a diverged result, a surprising
+    speed) is evidence, listed in `evidence["suspect"]`, and sends the result to a segment check instead.
+    Returns the evidence kept on the receipt and the decoded state."""
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples), output_sha256=output_sha)
@@ -146,37 +162,80 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
         raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
     # The same bytes from another device: one of the two claims is false, and hashes cannot say which
     # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
-    # Re-execution decides; the newcomer is never refused on the other device's word.
+    # A segment check decides; the newcomer is never refused on the other device's word.
     collision = next((receipt_id for receipt_id, device_id, _ in live if device_id != device.pk), None)
     reference = tensors.bytes_to_state_dict(reference_bytes)
     state = checks.decode_update(weights, reference, unit.round.job.update_encoding,
                                  max_inflated_bytes=checks.max_update_bytes(len(reference_bytes)))
-    checks.check_state(state, reference)
+    checks.check_chain(receipt, segment_steps=lease.segment_steps,
+                       segments=segments.segment_count(jobs.unit_steps(unit), lease.segment_steps),
+                       first=first_commitment(unit), last_weights=storage.sha256_hex(tensors.state_dict_to_bytes(state)))
+    evidence: dict = {"suspect": []}
+    if collision is not None:
+        evidence["same_bytes_as_receipt"] = collision
+    try:
+        checks.check_state(state, reference)
+    except ResultRejected as e:
+        if e.code != "not_finite":
+            raise
+        evidence["suspect"].append("not_finite")  # diverged training, or a lie: re-training the unit tells
+        return evidence, state
+    if receipt["loss_after"] is None or receipt["loss_before"] is None:
+        evidence["suspect"].append("not_finite")
+        return evidence, state
     norm = checks.update_norm(state, reference)
     # Per optimizer step: shards are sized by speed, so an honest fast device's update is as many times longer
     # as it took steps; compared whole, a ten-times-faster device looked like a scaling attack.
     per_step = norm / max(jobs.unit_steps(unit), 1)
-    bound = checks.norm_bound([metrics.get("update_norm_per_step", 0.0) for metrics in WorkUnit.objects.filter(
+    bound = checks.norm_bound([metrics.get("update_norm_per_step") or 0.0 for metrics in WorkUnit.objects.filter(
         round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED,
     ).order_by("-id").values_list("result_metrics", flat=True)[:NORM_HISTORY_UNITS]])
-    checks.check_update_norm(norm, bound, per_step=per_step)
+    _as_evidence(evidence, checks.check_update_norm, norm, bound, per_step=per_step)
     held = (timezone.now() - lease.created_at).total_seconds()
     checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held)
     # The probe's benchmark can be far off (a busy machine measures slow); only speeds learned from this
     # device's verified units count as its record.
     record = device.samples_per_s if device.verified_total >= SPEED_RECORD_UNITS else 0.0
-    fast = checks.implausibly_fast(train_seconds=receipt["train_seconds"], device_speed=record,
-                                   work_samples=jobs.unit_work_samples(unit))
+    if checks.implausibly_fast(train_seconds=receipt["train_seconds"], device_speed=record,
+                               work_samples=jobs.unit_work_samples(unit)):
+        evidence["suspect"].append("implausibly_fast")
     before, after = _shard_losses(unit, reference, state)
-    checks.check_shard_loss(before, after)
-    evidence = {"update_norm": norm, "update_norm_per_step": per_step, "norm_bound_per_step": bound,
-                "shard_loss_before": before, "shard_loss_after": after,
-                "held_seconds": round(held, 3)}
-    if collision is not None:
-        evidence["same_bytes_as_receipt"] = collision
-    if fast:
-        evidence["implausibly_fast"] = True
+    _as_evidence(evidence, checks.check_shard_loss, before, after)
+    evidence.update({"update_norm": norm, "update_norm_per_step": per_step, "norm_bound_per_step": bound,
+                     "shard_loss_before": before, "shard_loss_after": after, "held_seconds": round(held, 3)})
     return evidence, state
+
+
+# Cheap checks that honest training can fail: evidence that calls for a segment check, never a refusal.
+HONEST_CAN_FAIL = frozenset({"update_too_large", "loss_not_improved"})
+
+
+def _as_evidence(evidence: dict, check, *args, **kwargs) -> None:
+    try:
+        check(*args, **kwargs)
+    except ResultRejected as e:
+        if e.code not in HONEST_CAN_FAIL:
+            raise
+        evidence["suspect"].append(e.code)
+        evidence.setdefault("notes", []).append(e.message)
+
+
+_FIRST_COMMITMENTS: dict[tuple, list[str]] = {}
+
+
+def first_commitment(unit: WorkUnit) -> list[str]:
+    """What boundary 0 of every unit of the round commits to: its global weights and a fresh optimizer.
+    Computed once per round and process."""
+    job, key = unit.round.job, (unit.round_id, unit.round.weights_sha256)
+    if key not in _FIRST_COMMITMENTS:
+        spec = jobs.unit_train_spec(unit)
+        model = zoo.build_model(job.template, job.model_config)
+        reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
+        if len(_FIRST_COMMITMENTS) > 256:
+            _FIRST_COMMITMENTS.clear()
+        _FIRST_COMMITMENTS[key] = segments.commitment(
+            reference, training.initial_optimizer_state(model, spec["optimizer"], spec["momentum"]))
+    return _FIRST_COMMITMENTS[key]
 
 
 def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, float]:

@@ -13,7 +13,7 @@ from jobs import services as jobs
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, MuninnError, NotFound
 
-from . import reputation, selectors
+from . import reputation, selectors, tolerances
 from .authentication import token_hash, touch
 from .models import Device, DeviceEvent, Lease
 
@@ -55,8 +55,10 @@ def unit_claim(*, device: Device) -> Claim | None:
         unit = jobs.unit_lease(device_id=device.pk, resources=selectors.device_resources(device))
         if unit is None:
             return None
-        lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token)
-    return Claim(WorkUnit.objects.select_related("round__job").get(pk=unit.pk), lease)
+        unit = WorkUnit.objects.select_related("round__job").get(pk=unit.pk)
+        k = tolerances.segment_steps_for(unit.round.job.template, jobs.unit_steps(unit))
+        lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token, segment_steps=k)
+    return Claim(unit, lease)
 
 
 def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
@@ -103,28 +105,44 @@ def device_record_success(*, device: Device, work_samples: int, flops: int, seco
     Device.objects.filter(pk=device.pk).update(**changes)
 
 
-def device_record_failure(*, device: Device, reason: str) -> bool:
-    """A result failed a check: the streak resets; enough failures quarantine the device and forfeit its
-    pending earnings from this device. Returns True when this failure quarantined it."""
-    from billing import services as billing
-
+def device_record_failure(*, device: Device, reason: str, unit_id: int | None = None) -> bool:
+    """A failure confirmed on `unit_id` (a segment re-trained differently, a checkpoint that is not what was
+    committed, an unanswered challenge, a forged or inconsistent receipt): the streak resets, and failures
+    on QUARANTINE_AFTER distinct units since the last lifted quarantine quarantine the device. Checks that
+    honest training can fail never come here: they send the result to a segment check instead. Returns True
+    when this failure quarantined it."""
     with transaction.atomic():
         locked = Device.objects.select_for_update().get(pk=device.pk)
         locked.verified_streak, locked.failures = 0, locked.failures + 1
-        DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.FAILURE, reason=reason[:500])
-        quarantine = locked.quarantined_at is None and reputation.quarantine_due(locked.failures)
+        DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.FAILURE, reason=reason[:500], unit_id=unit_id)
+        quarantine = locked.quarantined_at is None and reputation.quarantine_due(_failed_units(locked))
         if quarantine:
             locked.quarantined_at = timezone.now()
-            locked.quarantine_reason = f"{locked.failures} failed results; last: {reason}"[:500]
+            locked.quarantine_reason = f"failures confirmed on {_failed_units(locked)} units; last: {reason}"[:500]
             DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.QUARANTINED,
                                        reason=locked.quarantine_reason)
-            billing.earnings_forfeit_units(units=WorkUnit.objects.filter(
-                receipts__device=locked, receipts__status="accepted").distinct(),
-                reason=f"device {locked.pk} quarantined: {locked.quarantine_reason}")
+            _hold_unverified_earnings(locked, reason=locked.quarantine_reason)
         locked.save(update_fields=["verified_streak", "failures", "quarantined_at", "quarantine_reason"])
     if quarantine:
         log.warning("device %s quarantined: %s", device.pk, reason)
     return quarantine
+
+
+def _failed_units(device: Device) -> int:
+    """Distinct units with a confirmed failure since the device's last lifted quarantine."""
+    events = device.events.all()
+    lifted = events.filter(kind=DeviceEvent.Kind.LIFTED).order_by("-id").values_list("id", flat=True).first()
+    failures = events.filter(kind=DeviceEvent.Kind.FAILURE, id__gt=lifted or 0)
+    return (failures.exclude(unit_id__isnull=True).values("unit_id").distinct().count()
+            + failures.filter(unit_id__isnull=True).count())
+
+
+def _hold_unverified_earnings(device: Device, *, reason: str) -> None:
+    from billing import services as billing
+
+    billing.earnings_forfeit_units(units=WorkUnit.objects.filter(
+        receipts__device=device, receipts__status="accepted").distinct(),
+        reason=f"device {device.pk} quarantined: {reason}")
 
 
 def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:

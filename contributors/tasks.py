@@ -1,8 +1,8 @@
-"""Celery tasks of contributors/: re-execution runs on its own queue ("validation"), inside the trust
+"""Celery tasks of contributors/: segment checks run on their own queue ("validation"), inside the trust
 boundary, so that checking work never waits behind round tasks."""
 from celery import shared_task
 
-from . import verification
+from . import challenges, verification
 
 
 @shared_task(name="contributors.tasks.verify_unit")
@@ -12,5 +12,7 @@ def verify_unit(unit_id: int) -> None:
 
 @shared_task(name="contributors.tasks.sweep_pending_verifications")
 def sweep_pending_verifications() -> None:
+    """Challenges unanswered past their deadline fail; checks whose task was lost are enqueued again."""
+    challenges.challenges_expire()
     for unit_id in verification.pending_units():
         verify_unit.delay(unit_id)

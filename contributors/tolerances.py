@@ -10,8 +10,11 @@ envelope stays far from every cheat the calibration tries (`segment_steps`). Pur
 from __future__ import annotations
 
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
+
+from muninn_worker.segments import MAX_SEGMENTS
 
 DATA = Path(__file__).resolve().parent / "data" / "tolerances.json"
 
@@ -24,6 +27,12 @@ def table() -> dict:
 def segment_steps(template: str) -> int:
     """The segment length k a new job of this template is given."""
     return int(_template(template)["segment_steps"])
+
+
+def segment_steps_for(template: str, unit_steps: int) -> int:
+    """k for one unit: the template's, made longer only when the unit has more segments than a receipt may
+    commit to (muninn_worker.segments.MAX_SEGMENTS)."""
+    return max(segment_steps(template), math.ceil(unit_steps / MAX_SEGMENTS))
 
 
 def envelope(template: str, k: int) -> float:

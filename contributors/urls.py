@@ -10,4 +10,7 @@ urlpatterns = [
     path("units/<int:unit_id>/base", api.UnitBaseView.as_view(), name="worker-unit-base"),
     path("units/<int:unit_id>/heartbeat", api.HeartbeatView.as_view(), name="worker-unit-heartbeat"),
     path("units/<int:unit_id>/result", api.ResultView.as_view(), name="worker-unit-result"),
+    path("units/<int:unit_id>/checkpoints/<int:boundary>", api.CheckpointView.as_view(),
+         name="worker-unit-checkpoint"),
+    path("challenges", api.ChallengesView.as_view(), name="worker-challenges"),
 ]

@@ -187,6 +187,10 @@ class WorkUnit(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     leased_device_id = models.BigIntegerField(null=True, blank=True)  # the current (or last) lease holder
     attempts = models.PositiveIntegerField(default=0)
+    # Results refused so far; a refused unit waits (exponential backoff) before it is leased again, so two
+    # devices never bounce it between them in a loop.
+    rejections = models.PositiveIntegerField(default=0)
+    not_before = models.DateTimeField(null=True, blank=True)
 
     result_sha256 = models.CharField(max_length=64, blank=True)
     result_samples = models.PositiveIntegerField(null=True, blank=True)

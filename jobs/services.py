@@ -486,8 +486,8 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     now = timezone.now()
     with transaction.atomic():
         queued = WorkUnit.objects.filter(
-            _runnable_on(resources), status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN,
-            round__job__status=Job.Status.RUNNING,
+            _runnable_on(resources), Q(not_before__isnull=True) | Q(not_before__lte=now),
+            status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
         ).exclude(backup_of__leased_device_id=device_id)
         unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
         # Passes in id order, each an index walk that stops at the first rows that fit: a claim costs the
@@ -586,23 +586,45 @@ def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
     return unit, rnd.status == Round.Status.OPEN and _round_complete(rnd)
 
 
+def unit_backoff_seconds(rejections: int) -> float:
+    """How long a unit refused `rejections` times waits before it is leased again: doubling from
+    MUNINN_UNIT_BACKOFF_SECONDS, capped at MUNINN_UNIT_BACKOFF_MAX_SECONDS."""
+    base, cap = settings.MUNINN_UNIT_BACKOFF_SECONDS, settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS
+    return min(cap, base * 2 ** max(0, rejections - 1)) if rejections > 0 else 0.0
+
+
+def _requeue_after_refusal(unit: WorkUnit) -> dict:
+    """The fields that put a refused unit back in the queue, open to any device, after its backoff."""
+    rejections = unit.rejections + 1
+    return {"status": WorkUnit.Status.QUEUED, "lease_token": None, "lease_expires_at": None,
+            "preferred_device_id": None, "reserved_until": None, "rejections": rejections,
+            "not_before": timezone.now() + timedelta(seconds=unit_backoff_seconds(rejections))}
+
+
 def unit_release(*, unit_id: int, lease_token: uuid.UUID) -> bool:
-    """The lease holder's result was refused: the unit goes back to the queue at once, open to any device."""
-    return bool(WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.LEASED, lease_token=lease_token).update(
-        status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
-        reserved_until=None))
+    """The lease holder's result was refused: the unit goes back to the queue, open to any device, once its
+    backoff has passed."""
+    with transaction.atomic():
+        unit = WorkUnit.objects.select_for_update().filter(pk=unit_id, status=WorkUnit.Status.LEASED,
+                                                           lease_token=lease_token).first()
+        if unit is None:
+            return False
+        WorkUnit.objects.filter(pk=unit.pk).update(**_requeue_after_refusal(unit))
+    return True
 
 
 def unit_reject(*, unit_id: int) -> WorkUnit:
-    """A re-execution disagreed: drop the result and queue the unit again, open to any device."""
+    """A check disagreed (or the result could not be used): drop the result and queue the unit again, open to
+    any device, after its backoff."""
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
     if unit.status == WorkUnit.Status.CANCELLED:  # its shard's other copy was accepted meanwhile: nothing to redo
         return unit
     if unit.status != WorkUnit.Status.VERIFYING:
         raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
-    unit.status, unit.submitted_at = WorkUnit.Status.QUEUED, None
+    for field, value in _requeue_after_refusal(unit).items():
+        setattr(unit, field, value)
+    unit.submitted_at = None
     unit.result_sha256, unit.result_samples, unit.result_metrics = "", None, {}
-    unit.lease_token = unit.preferred_device_id = unit.reserved_until = None
     unit.save()
     return unit
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import numpy as np
 import pytest
 from django.utils import timezone
-from muninn_worker import codec, signing, tensors, training, zoo
+from muninn_worker import codec, segments, signing, tensors, training, zoo
+from muninn_worker.challenge import CheckpointStore
+from muninn_worker.receipt import build_receipt
+from muninn_worker.segments import Checkpoint
 from rest_framework.test import APIClient
 from sklearn.datasets import load_digits
 
@@ -66,14 +70,19 @@ CAPABILITIES = {"cpu_cores": 2, "ram_bytes": 8 * 2**30, "backends": ["cpu"], "gp
 
 
 class SimulatedDevice:
-    """A contributor device driven through the worker API with real local training."""
+    """A contributor device driven through the worker API with real local training: it keeps a checkpoint at
+    every segment boundary, commits to them in its receipt, and answers the site's challenges with them
+    (`answer=False` leaves a challenge unanswered). `numerics="f64"` trains with another device's arithmetic."""
 
-    def __init__(self, contributor: User, name: str):
+    def __init__(self, contributor: User, name: str, *, numerics: str = "native", answer: bool = True):
         self.signing_key = signing.new_private_key()
         self.device, token = contributors.device_register(owner=contributor, name=name, capabilities=CAPABILITIES,
                                                           public_key=signing.public_key_of(self.signing_key))
         self.client = APIClient()
         self.client.credentials(HTTP_AUTHORIZATION=f"Device {token}")
+        self.numerics, self.answer = numerics, answer
+        self.stores: dict[int, CheckpointStore] = {}
+        self._root = tempfile.mkdtemp(prefix=f"muninn-{name}-")
 
     def claim(self) -> dict | None:
         response = self.client.post("/api/worker/claim", {}, format="json")
@@ -92,14 +101,18 @@ class SimulatedDevice:
             zoo.load_base(model, tensors.bytes_to_state_dict(base))
         xy = tensors.bytes_to_state_dict(shard)
         started = datetime.now(UTC)
-        result = training.train_local(model, xy["X"], xy["y"], **unit["train"])
-        out = codec.encode_update(result.state_dict, tensors.bytes_to_state_dict(weights), unit["encoding"])
-        receipt = {
-            "unit": unit["id"], "weights_sha256": tensors.sha256_hex(weights), "shard_sha256": tensors.sha256_hex(shard),
-            "output_sha256": tensors.sha256_hex(out), "samples": result.samples, "steps": result.steps,
-            "loss_before": result.loss_before, "loss_after": result.loss_after, "started_at": started.isoformat(),
-            "finished_at": datetime.now(UTC).isoformat(), "train_seconds": result.train_seconds,
-        }
+        store = self.stores[unit["id"]] = CheckpointStore(self._root, unit["id"])
+        train = {k: v for k, v in unit["train"].items() if k != "segment_steps"}
+        result = training.train_local(model, xy["X"], xy["y"], **train, segment_steps=unit["train"]["segment_steps"],
+                                      on_boundary=store.keep, numerics=self.numerics)
+        glob = tensors.bytes_to_state_dict(weights)
+        out = codec.encode_update(result.state_dict, glob, unit["encoding"])
+        chain = store.seal(Checkpoint(result.state_dict, result.optimizer_state), glob, unit["encoding"])
+        receipt = build_receipt({**unit, "weights_sha256": tensors.sha256_hex(weights),
+                                 "shard_sha256": tensors.sha256_hex(shard)}, result,
+                                output_sha256=tensors.sha256_hex(out), started_at=started.isoformat(),
+                                finished_at=datetime.now(UTC).isoformat(),
+                                segment_steps=unit["train"]["segment_steps"], checkpoints=[list(c) for c in chain])
         return out, receipt
 
     def global_state(self, unit: dict) -> dict:
@@ -107,21 +120,41 @@ class SimulatedDevice:
             b"".join(self.client.get(f"/api/worker/units/{unit['id']}/weights").streaming_content))
 
     def upload_of(self, unit: dict, state: dict, receipt: dict) -> tuple[bytes, dict]:
-        """`state` (a full state, e.g. trained and then changed) as the unit's encoded upload, with the receipt
-        naming those bytes: how a cheating device would send it."""
-        data = codec.encode_update(state, self.global_state(unit), unit["encoding"])
-        return data, {**receipt, "output_sha256": tensors.sha256_hex(data)}
+        """`state` (a full state, e.g. trained and then changed) as the unit's encoded upload, with a receipt and
+        a last checkpoint consistent with those bytes: how a careful cheating device would send it (so that
+        only re-training a segment can tell)."""
+        glob = self.global_state(unit)
+        data = codec.encode_update(state, glob, unit["encoding"])
+        store = self.stores[unit["id"]]
+        last = len(receipt["checkpoints"]) - 1
+        honest_last = segments.bytes_to_checkpoint(store.path(last).read_bytes())
+        lie = Checkpoint(state, honest_last.optimizer)
+        store.path(last).write_bytes(segments.checkpoint_to_bytes(lie))
+        chain = [list(c) for c in receipt["checkpoints"]]
+        chain[-1] = [segments.commitment(codec.roundtrip(state, glob, unit["encoding"]), {})[0], chain[-1][1]]
+        return data, {**receipt, "output_sha256": tensors.sha256_hex(data), "checkpoints": chain}
 
     def decoded(self, unit: dict, data: bytes) -> dict:
         """The full state an upload stands for, as the site decodes it."""
         return codec.decode_update(data, self.global_state(unit), unit["encoding"])
 
     def submit(self, unit_id: int, weights: bytes, receipt: dict, *, signature: str | None = None):
+        """Post the result; when the site challenges it (and `answer`), upload the checkpoints it asks for."""
         body = json.dumps(receipt)
         signature = signing.sign(self.signing_key, body.encode()) if signature is None else signature
-        return self.client.post(f"/api/worker/units/{unit_id}/result",
-                                {"weights": io.BytesIO(weights), "receipt": body, "signature": signature},
-                                format="multipart")
+        response = self.client.post(f"/api/worker/units/{unit_id}/result",
+                                    {"weights": io.BytesIO(weights), "receipt": body, "signature": signature},
+                                    format="multipart")
+        challenge = response.json().get("challenge") if response.status_code == 201 else None
+        if challenge and self.answer:
+            self.answer_challenge(challenge)
+        return response
+
+    def answer_challenge(self, challenge: dict) -> list:
+        store = self.stores[challenge["unit"]]
+        return [self.client.post(f"/api/worker/units/{challenge['unit']}/checkpoints/{b}",
+                                 {"checkpoint": io.BytesIO(store.path(b).read_bytes())}, format="multipart")
+                for b in challenge["missing"]]
 
     def work_one(self) -> bool:
         unit = self.claim()
@@ -134,7 +167,7 @@ class SimulatedDevice:
 
 @pytest.fixture
 def make_device(contributor):
-    return lambda name="device": SimulatedDevice(contributor, name)
+    return lambda name="device", **options: SimulatedDevice(contributor, name, **options)
 
 
 def register_device(contributor: User, name: str = "device"):

@@ -194,7 +194,12 @@ MUNINN_ROUND_DEADLINE_SECONDS = env.int("MUNINN_ROUND_DEADLINE_SECONDS", default
 MUNINN_ROUND_DEADLINE_MIN_SECONDS = env.float("MUNINN_ROUND_DEADLINE_MIN_SECONDS", default=10.0)
 MUNINN_ROUND_GRACE_SECONDS = env.float("MUNINN_ROUND_GRACE_SECONDS", default=5.0)
 # Re-executed results must match to this relative distance (honest runs on other CPUs/thread counts: ~1e-7).
-MUNINN_REEXECUTION_TOLERANCE = float(env.str("MUNINN_REEXECUTION_TOLERANCE", default="1e-3"))
+# A refused unit waits before it is leased again: this many seconds, doubling with each refusal, up to the max.
+MUNINN_UNIT_BACKOFF_SECONDS = env.float("MUNINN_UNIT_BACKOFF_SECONDS", default=2.0)
+MUNINN_UNIT_BACKOFF_MAX_SECONDS = env.float("MUNINN_UNIT_BACKOFF_MAX_SECONDS", default=60.0)
+# A device has this long to upload the checkpoints of the segments the site challenged; past it, the check
+# counts as failed. Segment tolerances come from measurements (contributors/data/tolerances.json).
+MUNINN_CHALLENGE_SECONDS = env.int("MUNINN_CHALLENGE_SECONDS", default=300)
 MUNINN_MAX_UPLOAD_BYTES = env.int("MUNINN_MAX_UPLOAD_BYTES", default=50 * 1024 * 1024)
 MUNINN_MAX_RESULT_BYTES = env.int("MUNINN_MAX_RESULT_BYTES", default=512 * 1024 * 1024)
 MUNINN_MAX_ROUNDS = env.int("MUNINN_MAX_ROUNDS", default=200)

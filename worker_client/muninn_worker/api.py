@@ -164,6 +164,27 @@ class ApiClient:
             raise _error_from(response)
         return self._json(response)
 
+    def upload_checkpoint(self, unit_id: int, boundary: int, data: bytes) -> dict:
+        """POST a challenged checkpoint (multipart `checkpoint`) → {"unit", "status", "reason", "missing"}."""
+        body, content_type = encode_multipart_formdata(
+            {"checkpoint": ("checkpoint.safetensors", data, "application/octet-stream")})
+        url = f"{self.server_url}/api/worker/units/{int(unit_id)}/checkpoints/{int(boundary)}"
+        headers = {**self._headers("device"), "Content-Type": content_type}
+        response = self._retry(
+            lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
+        )
+        if response.status_code != 200:
+            raise _error_from(response)
+        return self._json(response)
+
+    def challenges(self) -> list[dict]:
+        """GET /api/worker/challenges → the device's open challenges (checkpoints still missing)."""
+        response = self._request("GET", "/api/worker/challenges")
+        challenges = self._json(response).get("challenges")
+        if not isinstance(challenges, list):
+            raise ApiError(response.status_code, "bad_response", "challenges answer has no list")
+        return challenges
+
     # ------------------------------------------------------------------------------------- plumbing
 
     def _request(self, method: str, path: str, *, auth: str = "device", expected: tuple[int, ...] = (200,),

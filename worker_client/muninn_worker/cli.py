@@ -129,7 +129,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
              cache_dir)
     try:
         run(client, cache_dir=cache_dir, max_units=args.max_units, exit_when_idle=args.exit_when_idle,
-            poll_interval=args.poll_interval, threads=args.threads)
+            poll_interval=args.poll_interval, threads=args.threads,
+            numerics=args.numerics or os.environ.get("MUNINN_WORKER_NUMERICS") or "native")
     except DeviceRejected as exc:
         raise _Exit(str(exc), 1) from None
     return 0
@@ -221,6 +222,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="first wait after an empty claim; doubles up to 5 s (default 1)")
     run.add_argument("--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)")
     run.add_argument("--cache-dir", help=f"download cache (env {ENV_CACHE_DIR}; default ~/.cache/muninn-worker)")
+    run.add_argument("--numerics", choices=("native", "f64"),
+                     help="native (default), or f64: train in float64 rounded to float32 after every step, "
+                          "another device's arithmetic for testing verification (env MUNINN_WORKER_NUMERICS)")
     run.set_defaults(handler=_cmd_run)
 
     probe = commands.add_parser("probe", help="print this device's capabilities as JSON")

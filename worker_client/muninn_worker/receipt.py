@@ -1,7 +1,8 @@
 """The work receipt uploaded with a unit's result (see docs/worker-protocol.md, "result").
 
 It binds the result to its inputs by hash (global weights, shard) and to the uploaded bytes
-(`output_sha256`), and carries the numbers the site's plausibility checks look at.
+(`output_sha256`), commits to the checkpoint at every segment boundary (`checkpoints`), and carries the
+numbers the site's plausibility checks look at.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def build_receipt(
     output_sha256: str,
     started_at: str,
     finished_at: str,
+    segment_steps: int,
+    checkpoints: list[list[str]],
 ) -> dict:
     """The receipt for `unit` (the claim's unit object) trained into `result` and uploaded as bytes
-    hashing to `output_sha256`. started_at/finished_at bracket local training."""
+    hashing to `output_sha256`. started_at/finished_at bracket local training. `checkpoints` commits to the
+    state at every boundary of `segment_steps` steps (muninn_worker.challenge.CheckpointStore.seal)."""
     return {
         "unit": unit["id"],
         "weights_sha256": unit["weights_sha256"],
@@ -41,6 +45,8 @@ def build_receipt(
         "started_at": started_at,
         "finished_at": finished_at,
         "train_seconds": round(result.train_seconds, 6),
+        "segment_steps": segment_steps,
+        "checkpoints": checkpoints,
     }
 
 

@@ -23,10 +23,12 @@ import torch
 from muninn_worker import codec
 from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import ContentCache
+from muninn_worker.challenge import CheckpointStore, answer_challenge, answer_open_challenges
 from muninn_worker.failpoints import failpoint
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
-from muninn_worker.training import TrainResult, train_local
+from muninn_worker.segments import Checkpoint
+from muninn_worker.training import TrainResult, deterministic_cuda, train_local
 from muninn_worker.zoo import build_model, get_template, load_base
 
 __all__ = ["run", "RunStats", "DeviceRejected"]
@@ -65,11 +67,16 @@ def run(
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES,
     sleep: Callable[[float], Any] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    numerics: str = "native",
 ) -> RunStats:
-    """Work until `max_units` units were handled or no work came for `exit_when_idle` seconds (None: forever)."""
+    """Work until `max_units` units were handled or no work came for `exit_when_idle` seconds (None: forever).
+
+    `numerics` "f64" trains in float64 rounded to float32 after every step: another device's arithmetic, for
+    testing verification on CPU-only machines (muninn_worker.training)."""
     if threads is not None:
         torch.set_num_threads(threads)
     cache = ContentCache(cache_dir)
+    answer_open_challenges(client, cache.root)
     stats = RunStats()
     idle = _IdleBackoff(poll_interval, max(poll_interval, MAX_IDLE_DELAY))
     idle_since = clock()
@@ -84,7 +91,7 @@ def run(
             sleep(delay if exit_when_idle is None else min(delay, exit_when_idle - waited))
             continue
         idle.reset()
-        ok = _work_on_unit(client, unit, cache, stats)
+        ok = _work_on_unit(client, unit, cache, stats, numerics)
         stats.units += 1
         cache.prune(cache_max_bytes)
         idle_since = clock()
@@ -112,18 +119,26 @@ def _claim(client: ApiClient) -> dict | None:
     return None
 
 
-def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: RunStats) -> bool:
+def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: RunStats,
+                  numerics: str = "native") -> bool:
     """Do one unit end to end; True when the site accepted the result. Never raises for a unit's failure."""
     unit_id = unit.get("id", "?")
+    store = None
     try:
         spec = _UnitSpec.from_claim(unit)
         log.info("claimed unit %s job %s round %s (%d samples)", spec.id, spec.job, spec.round, spec.samples)
+        store = CheckpointStore(cache.root, spec.id)
         with _Heartbeat(client, spec.id, _lease_seconds(unit)) as heartbeat:
             weights, shard = _download_inputs(client, spec, cache)
             base = _download_base(client, spec, cache)
-            result = _train(spec, weights, shard, heartbeat, base)
+            result = _train(spec, weights, shard, heartbeat, base, store, numerics)
             heartbeat.check()
-            answer = _upload(client, spec, unit, result, bytes_to_state_dict(weights))
+            answer = _upload(client, spec, unit, result, bytes_to_state_dict(weights), store)
+        if isinstance(answer.get("challenge"), dict):
+            challenge = answer["challenge"]
+            log.info("unit %s: the site checks segment(s) %s; uploading checkpoints %s", spec.id,
+                     challenge.get("segments"), challenge.get("missing"))
+            answer = {**answer, "status": answer_challenge(client, store, challenge)}
         _record(answer, spec.id, stats)
         return True
     except KeyboardInterrupt:
@@ -140,6 +155,9 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
             log.error("unit %s: the server refused it: %s", unit_id, exc)
     except (ValueError, RuntimeError) as exc:  # bad bytes, wrong shapes, unknown template, torch errors
         log.error("unit %s failed: %s", unit_id, exc)
+    finally:
+        if store is not None:
+            store.discard()  # answered, not challenged, or given up: the site needs none of them any more
     stats.failed += 1
     return False
 
@@ -168,7 +186,7 @@ def _download_base(client: ApiClient, spec: _UnitSpec, cache: ContentCache) -> b
 
 
 def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat,
-           base: bytes | None = None) -> TrainResult:
+           base: bytes | None, store: CheckpointStore, numerics: str = "native") -> TrainResult:
     model = build_model(spec.template, spec.model_config)
     incoming = bytes_to_state_dict(weights)
     _check_dtypes(model.state_dict(), incoming)
@@ -188,7 +206,8 @@ def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat,
     spec.started_at = utc_now_iso()
     result = train_local(model, X, y, epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr,
                          momentum=spec.momentum, seed=spec.seed, optimizer=spec.optimizer,
-                         inner_steps=spec.inner_steps, progress=progress)
+                         inner_steps=spec.inner_steps, progress=progress, segment_steps=spec.segment_steps,
+                         on_boundary=store.keep, numerics=numerics)
     spec.finished_at = utc_now_iso()
     log.info("unit %s: trained %d steps in %.2f s, loss %.4f → %.4f",
              spec.id, result.steps, result.train_seconds, result.loss_before, result.loss_after)
@@ -196,24 +215,24 @@ def _train(spec: _UnitSpec, weights: bytes, shard: bytes, heartbeat: _Heartbeat,
 
 
 def _upload(client: ApiClient, spec: _UnitSpec, unit: dict, result: TrainResult,
-            global_state: dict[str, torch.Tensor]) -> dict:
+            global_state: dict[str, torch.Tensor], store: CheckpointStore) -> dict:
     """The update travels as its delta against the round's global weights in the job's encoding; the
-    receipt's output hash is over exactly these bytes."""
+    receipt's output hash is over exactly these bytes, and its chain ends at them decoded."""
     payload = codec.encode_update(result.state_dict, global_state, spec.encoding)
-    receipt = build_receipt(unit, result, output_sha256=sha256_hex(payload),
-                            started_at=spec.started_at, finished_at=spec.finished_at)
+    chain = store.seal(Checkpoint(result.state_dict, result.optimizer_state), global_state, spec.encoding)
+    receipt = build_receipt(unit, result, output_sha256=sha256_hex(payload), started_at=spec.started_at,
+                            finished_at=spec.finished_at, segment_steps=spec.segment_steps or result.steps,
+                            checkpoints=chain)
     log.info("unit %s: uploading %s (%s update)…", spec.id, _mb(len(payload)), spec.encoding)
     return client.submit_result(spec.id, payload, receipt)
 
 
 def _train_device(template: str) -> torch.device:
-    """GPU-tier templates train on the GPU when there is one; everything else on the CPU, where training is
-    bitwise reproducible (the site re-executes units on CPU and compares within a tolerance)."""
+    """GPU-tier templates train on the GPU when there is one, with deterministic kernels and full fp32 (two
+    GPUs of a kind then agree bit for bit, and a segment stays within the measured envelope of a CPU's);
+    everything else on the CPU, where training is bitwise reproducible."""
     if get_template(template).tier == "gpu" and torch.cuda.is_available():
-        # Full fp32 on the GPU: TF32 convolutions (cuDNN's default on Ampere and later) round to 10 bits of
-        # mantissa, far past what the CPU re-execution tolerates. bench/gpu_reexecution.py measures the rest.
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        deterministic_cuda()
         return torch.device("cuda")
     return torch.device("cpu")
 
@@ -230,6 +249,8 @@ def _record(answer: dict, unit_id: int, stats: RunStats) -> None:
     credited = _decimal(answer.get("credited_hu"))
     stats.accepted += 1
     stats.credited_hu += credited
+    if status == "rejected":
+        log.warning("unit %s: the site's check refused it", unit_id)
     log.info("unit %s: uploaded, %s, credited %s HU", unit_id, status, answer.get("credited_hu", "0"))
 
 
@@ -257,6 +278,7 @@ class _UnitSpec:
     algorithm: str = "fedavg"
     inner_steps: int | None = None  # DiLoCo: exactly this many local steps instead of epochs
     encoding: str = "fp32"  # how the update is uploaded (muninn_worker.codec)
+    segment_steps: int | None = None  # a checkpoint every this many steps (None: one segment, the whole unit)
     base_sha256: str | None = None
     started_at: str = ""
     finished_at: str = ""
@@ -278,6 +300,7 @@ class _UnitSpec:
                 algorithm=str(unit.get("algorithm") or "fedavg"),
                 inner_steps=None if train.get("inner_steps") is None else _int(train["inner_steps"]),
                 encoding=_encoding(unit.get("encoding") or "fp32"),
+                segment_steps=None if train.get("segment_steps") is None else _int(train["segment_steps"]),
             )
         except KeyError as exc:
             raise ValueError(f"malformed unit from the server: missing {exc.args[0]!r}") from None

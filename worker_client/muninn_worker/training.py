@@ -169,14 +169,14 @@ def initial_optimizer_state(model: nn.Module, optimizer: str, momentum: float = 
     if optimizer == "adam":
         state = {}
         for name, p in params.items():
-            state[f"exp_avg:{name}"] = torch.zeros_like(p, device="cpu")
-            state[f"exp_avg_sq:{name}"] = torch.zeros_like(p, device="cpu")
+            state[f"exp_avg:{name}"] = torch.zeros(p.shape, dtype=torch.float32)
+            state[f"exp_avg_sq:{name}"] = torch.zeros(p.shape, dtype=torch.float32)
             state[f"step:{name}"] = torch.zeros((), dtype=torch.float32)
         return state
     if optimizer == "sgd":
         if momentum == 0:
             return {}
-        return {f"momentum_buffer:{name}": torch.zeros_like(p, device="cpu") for name, p in params.items()}
+        return {f"momentum_buffer:{name}": torch.zeros(p.shape, dtype=torch.float32) for name, p in params.items()}
     raise ValueError(f"unknown optimizer {optimizer!r} (known: sgd, adam)")
 
 
