@@ -1,10 +1,10 @@
 """Reads on jobs and datasets. Everything a user reaches by id goes through an owner filter here."""
 from collections.abc import Callable
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 from django.shortcuts import get_object_or_404
 
-from .models import Dataset, Job, Round
+from .models import Dataset, Job, Round, WorkUnit
 
 
 def datasets_for(*, owner) -> QuerySet[Dataset]:
@@ -21,6 +21,19 @@ def jobs_for(*, owner) -> QuerySet[Job]:
 
 def job_get(*, owner, job_id: int) -> Job:
     return get_object_or_404(jobs_for(owner=owner), pk=job_id)
+
+
+def recent_jobs_for(*, owner, limit: int = 10) -> QuerySet[Job]:
+    return jobs_for(owner=owner).order_by("-created_at")[:limit]
+
+
+def job_totals() -> dict[str, int]:
+    """Totals over every customer's jobs that name no one: what the public front page may show. Compute
+    delivered is the FLOPs of accepted (verified) work units, as each job's "HU used" counts them."""
+    jobs = Job.objects.aggregate(run=Count("id", filter=Q(started_at__isnull=False)),
+                                 succeeded=Count("id", filter=Q(status=Job.Status.SUCCEEDED)))
+    flops = WorkUnit.objects.filter(status=WorkUnit.Status.ACCEPTED).aggregate(f=Sum("flops"))["f"] or 0
+    return {"jobs_run": jobs["run"], "jobs_succeeded": jobs["succeeded"], "flops_delivered": flops}
 
 
 def job_rounds(*, job: Job) -> QuerySet[Round]:

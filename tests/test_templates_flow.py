@@ -49,7 +49,7 @@ def test_template_registry_is_listed_with_bounds(customer_api):
     assert {h["name"]: h["default"] for h in listed["cnn"]["hparams"]}["filters"] == [16, 32]
 
 
-def test_diabetes_csv_regression_records_rmse_per_round(customer_api, make_device):
+def test_diabetes_csv_regression_records_rmse_per_round(customer, customer_api, make_device):
     diabetes = load_diabetes()
     rows = [",".join([*map(repr, x), str(int(t))]) for x, t in zip(diabetes.data.tolist(), diabetes.target)]
     data = ("\n".join([",".join([*diabetes.feature_names, "progression"]), *rows]) + "\n").encode()
@@ -67,7 +67,9 @@ def test_diabetes_csv_regression_records_rmse_per_round(customer_api, make_devic
     assert rounds[-1].metrics["test_rmse"] < 0.85 * std  # well below predicting the mean
     assert done.metrics["target"] == "progression"
     assert_ledger_consistent(done)
-    assert f"RMSE {rounds[-1].metrics['test_rmse']:.3f}" in Client().get("/").content.decode()  # the front page
+    owner = Client()
+    owner.force_login(customer)
+    assert f"RMSE {rounds[-1].metrics['test_rmse']:.3f}" in owner.get("/").content.decode()  # their front page
 
 
 def test_digits_images_train_a_cnn_on_two_devices(customer_api, make_device):

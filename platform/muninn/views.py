@@ -1,4 +1,5 @@
-"""The front page: the platform at a glance. The full web UI comes with its own issue."""
+"""The front page: the platform at a glance. It is public, so it shows figures that name no one; a signed-in
+customer also sees their own recent jobs (never anyone else's)."""
 from django.db import connection
 from django.http import JsonResponse
 from django.shortcuts import render
@@ -6,11 +7,12 @@ from django.shortcuts import render
 
 def home(request):
     from contributors.selectors import devices_online
-    from jobs.models import Job
+    from jobs import selectors as job_selectors
 
+    user = request.user
     context = {
-        "devices_online": devices_online().select_related("owner"),
-        "jobs": Job.objects.select_related("owner").order_by("-created_at")[:10],
+        "totals": {**job_selectors.job_totals(), "devices_online": devices_online().count()},
+        "jobs": job_selectors.recent_jobs_for(owner=user) if user.is_authenticated and user.is_customer else None,
     }
     return render(request, "home.html", context)
 
