@@ -188,6 +188,9 @@ MUNINN_CONTRIBUTOR_SHARE = Decimal(env.str("MUNINN_CONTRIBUTOR_SHARE", default="
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
 MUNINN_RESERVATION_SECONDS = env.int("MUNINN_RESERVATION_SECONDS", default=10)  # a shard waits this long for its device
 MUNINN_DEVICE_ONLINE_SECONDS = env.int("MUNINN_DEVICE_ONLINE_SECONDS", default=60)
+# A running job with no capable device online and in good standing (unquarantined) for this long fails and
+# its unused hold is released. Devices that are only busy with other work do not count against it.
+MUNINN_JOB_WAIT_LIMIT = env.int("MUNINN_JOB_WAIT_LIMIT", default=4 * 3600)
 # Round deadlines adapt to the plan and to arrivals (jobs/deadlines.py) within [MIN, MAX]; past the soft one
 # stragglers are re-issued, past twice it the round closes with its verified updates. GRACE covers transfers.
 MUNINN_ROUND_DEADLINE_SECONDS = env.int("MUNINN_ROUND_DEADLINE_SECONDS", default=900)
