@@ -176,6 +176,8 @@ CELERY_BEAT_SCHEDULE = {
     "resume-stalled-jobs": {"task": "jobs.tasks.resume_stalled_jobs", "schedule": MUNINN_STALL_SECONDS / 3},
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 5.0},  # + re-issues stragglers
+    # Starts and stops each running job's MUNINN_JOB_WAIT_LIMIT clock; fails the jobs past it.
+    "check-waiting-jobs": {"task": "contributors.tasks.check_waiting_jobs", "schedule": 60.0},
     "clear-earnings": {"task": "billing.tasks.clear_earnings", "schedule": 600.0},
     "retry-approved-payouts": {"task": "billing.tasks.retry_approved_payouts", "schedule": 300.0},
 }
