@@ -5,6 +5,8 @@ from django.conf import settings
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
+from jobs.models import WorkUnit
+
 from .models import Device, Lease, Receipt
 
 
@@ -48,14 +50,23 @@ def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) ->
 
 
 def capacity_for(*, min_memory_bytes: int, backends) -> dict:
-    """How many online devices could run a job with these needs, and what the online ones offer: enough
-    to tell a customer why their job waits."""
-    devices = list(devices_available())
-    return {"capable": sum(1 for d in devices if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)),
-            "online": len(devices),
-            "max_ram_bytes": max((d.memory_bytes for d in devices), default=0),
-            "max_gpu_memory_bytes": max((d.gpu_memory_bytes for d in devices), default=0),
-            "with_cuda": sum(1 for d in devices if "cuda" in device_resources(d))}
+    """What the devices online offer a job with these needs, enough to tell its customer why it waits:
+    `available` online and unquarantined devices, `capable` of them able to run it, `busy` of those holding a
+    lease right now; `quarantined` online but quarantined devices, `quarantined_capable` of them able to run
+    it; and the most RAM / GPU memory an available device offers."""
+    online = list(devices_online())
+    available = [d for d in online if d.quarantined_at is None]
+    capable = [d.pk for d in available if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+    busy = (WorkUnit.objects.filter(status=WorkUnit.Status.LEASED, leased_device_id__in=capable)
+            .values("leased_device_id").distinct().count()) if capable else 0
+    quarantined = [d for d in online if d.quarantined_at is not None]
+    return {"capable": len(capable), "busy": busy, "available": len(available),
+            "quarantined": len(quarantined),
+            "quarantined_capable": sum(1 for d in quarantined
+                                       if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)),
+            "max_ram_bytes": max((d.memory_bytes for d in available), default=0),
+            "max_gpu_memory_bytes": max((d.gpu_memory_bytes for d in available), default=0),
+            "with_cuda": sum(1 for d in available if "cuda" in device_resources(d))}
 
 
 def devices_for(*, owner) -> QuerySet[Device]:

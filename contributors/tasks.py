@@ -1,8 +1,11 @@
 """Celery tasks of contributors/: segment checks run on their own queue ("validation"), inside the trust
-boundary, so that checking work never waits behind round tasks."""
+boundary, so that checking work never waits behind round tasks. Beat's wait-limit check lives here too: it
+tells jobs/ which devices could run each job, which jobs/ cannot ask itself."""
 from celery import shared_task
 
-from . import challenges, verification
+from jobs import services as jobs
+
+from . import challenges, selectors, verification
 
 
 @shared_task(name="contributors.tasks.verify_unit")
@@ -16,3 +19,9 @@ def sweep_pending_verifications() -> None:
     challenges.challenges_expire()
     for unit_id in verification.pending_units():
         verify_unit.delay(unit_id)
+
+
+@shared_task(name="contributors.tasks.check_waiting_jobs")
+def check_waiting_jobs() -> list[int]:
+    """Fail the running jobs that have had no capable device for MUNINN_JOB_WAIT_LIMIT (their holds are released)."""
+    return jobs.jobs_check_waiting(capacity_for=selectors.capacity_for)

@@ -108,6 +108,10 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Since when a running job has had no capable device online and in good standing (null: it has one, or
+    # nobody has looked yet). Kept by beat (jobs.services.jobs_check_waiting); past MUNINN_JOB_WAIT_LIMIT the
+    # job fails and its hold is released.
+    waiting_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -1,6 +1,8 @@
 """Reads on jobs and datasets. Everything a user reaches by id goes through an owner filter here."""
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.shortcuts import get_object_or_404
 
@@ -43,23 +45,94 @@ def job_rounds(*, job: Job) -> QuerySet[Round]:
 BACKEND_NAMES = {"cpu": "a CPU", "cuda": "a CUDA GPU", "mps": "an Apple GPU"}
 
 
-def job_waiting_reason(job: Job, capacity_for: Callable[..., dict]) -> str | None:
-    """Why a running job is not moving, in words for its customer, or None when some online device can run
-    it. `capacity_for` is contributors.selectors.capacity_for, passed in by the caller (jobs/ sits below
-    contributors/); it is asked only about running jobs."""
+@dataclass(frozen=True)
+class Waiting:
+    """Why a running job is not moving. `no_device`: no capable device is online; `quarantined`: the only
+    capable devices online are quarantined; `busy`: capable devices are online, every one busy with other
+    work. The first two are time without a capable device, which MUNINN_JOB_WAIT_LIMIT bounds."""
+    NO_DEVICE, QUARANTINED, BUSY = "no_device", "quarantined", "busy"
+
+    kind: str
+    message: str
+    need: str  # "3.00 GiB of memory on a CUDA GPU"
+    quarantined: int = 0  # capable devices online but quarantined
+
+    @property
+    def without_device(self) -> bool:
+        return self.kind != self.BUSY
+
+
+def span(seconds: float) -> str:
+    """A length of time in words: "4 hours", "90 minutes", "30 seconds"."""
+    seconds = round(seconds)
+    if seconds >= 3600 and seconds % 360 == 0:
+        hours = seconds / 3600
+        return "1 hour" if hours == 1 else f"{hours:g} hours"
+    if seconds >= 60 and seconds % 60 == 0:
+        return "1 minute" if seconds == 60 else f"{seconds // 60} minutes"
+    return "1 second" if seconds == 1 else f"{seconds} seconds"
+
+
+def job_needs(job: Job) -> str:
+    return f"{job.peak_memory_bytes / 2**30:.2f} GiB of memory on " + " or ".join(
+        BACKEND_NAMES.get(b, b) for b in job.backend_list)
+
+
+def _work_untouched(job: Job) -> bool:
+    """The job's open round has work queued and none being trained or checked: nobody has picked it up."""
+    statuses = set(WorkUnit.objects.filter(round__job=job, round__status=Round.Status.OPEN)
+                   .values_list("status", flat=True))
+    return WorkUnit.Status.QUEUED in statuses and not statuses & {WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING}
+
+
+def job_waiting(job: Job, capacity_for: Callable[..., dict]) -> Waiting | None:
+    """Why a running job is not moving, or None when it is (or could be: an idle capable device is online).
+    `capacity_for` is contributors.selectors.capacity_for, passed in by the caller (jobs/ sits below
+    contributors/); it is asked only about running jobs. The one place the reason is worded: the API's
+    `waiting`, the job page's note and the wait limit's failure all come from here."""
     if job.status != Job.Status.RUNNING:
         return None
     capacity = capacity_for(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list)
+    need = job_needs(job)
+    limit = (f"It waits up to {span(settings.MUNINN_JOB_WAIT_LIMIT)} for one, then fails and the unused hold is "
+             "released; you can cancel it at any time.")
     if capacity["capable"] > 0:
+        if capacity["busy"] >= capacity["capable"] and _work_untouched(job):
+            return Waiting(Waiting.BUSY, need=need, message=(
+                f"All {capacity['capable']} online device(s) that can run this job are busy with other work; it "
+                "carries on as soon as one is free."))
         return None
-    need = f"{job.peak_memory_bytes / 2**30:.2f} GiB of memory on " + " or ".join(
-        BACKEND_NAMES.get(b, b) for b in job.backend_list)
-    if capacity["online"] == 0:
-        seen = "no device is online"
+    if capacity["quarantined_capable"]:
+        n = capacity["quarantined_capable"]
+        return Waiting(Waiting.QUARANTINED, need=need, quarantined=n, message=(
+            f"No device that can run this job is available: it needs {need}, and the {n} online device(s) that "
+            f"could are quarantined (their results failed checks) and get no work until staff review them. {limit}"))
+    available, quarantined = capacity["available"], capacity["quarantined"]
+    if available == 0:
+        seen = (f"the only device(s) online ({quarantined}) are quarantined" if quarantined
+                else "no device is online")
     elif job.backend_list == ["cuda"] and capacity["with_cuda"] == 0:
-        seen = f"none of the {capacity['online']} device(s) online has a CUDA GPU"
+        seen = f"none of the {available} device(s) online has a CUDA GPU"
     else:
         most = capacity["max_gpu_memory_bytes"] if job.backend_list == ["cuda"] else capacity["max_ram_bytes"]
-        seen = f"the largest of the {capacity['online']} device(s) online offers {most / 2**30:.2f} GiB"
-    return (f"No online device can run this job yet: it needs {need}, and {seen}. It waits, and carries on as "
-            "soon as a device that can run it comes online.")
+        seen = f"the largest of the {available} device(s) online offers {most / 2**30:.2f} GiB"
+    return Waiting(Waiting.NO_DEVICE, need=need, message=(
+        f"No online device can run this job yet: it needs {need}, and {seen}. It carries on as soon as a device "
+        f"that can run it comes online. {limit}"))
+
+
+def job_waiting_reason(job: Job, capacity_for: Callable[..., dict]) -> str | None:
+    """job_waiting's message (see there), or None."""
+    waiting = job_waiting(job, capacity_for)
+    return waiting.message if waiting else None
+
+
+def job_wait_limit_error(job: Job, waiting: Waiting, *, waited_seconds: float) -> str:
+    """The error of a job failed for having had no capable device for MUNINN_JOB_WAIT_LIMIT: what it needed,
+    how long it waited, that its money is back, and what to try instead."""
+    quarantined = (f" ({waiting.quarantined} online device(s) that could are quarantined)"
+                   if waiting.kind == Waiting.QUARANTINED else "")
+    advice = ("Try a smaller model or a CPU template." if "cpu" not in job.backend_list
+              else "Try a smaller model, or start it again when more devices are online.")
+    return (f"No device able to run this job (needs {waiting.need}) was online for {span(waited_seconds)}"
+            f"{quarantined}; the unused hold was released. {advice}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import secrets
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -19,7 +19,7 @@ from muninn_worker import tensors, training, zoo
 from muninn.errors import Conflict, InvalidInput, TooLarge
 from muninn.failpoints import failpoint
 
-from . import algorithms, datasets, deadlines, estimate, preparation, robust, storage
+from . import algorithms, datasets, deadlines, estimate, preparation, robust, selectors, storage
 from .models import Dataset, Job, Round, WorkUnit
 from .sharding import plan_shards
 from .signals import job_ended, job_started
@@ -636,3 +636,39 @@ def units_requeue_expired(*, now: datetime | None = None) -> int:
         status=WorkUnit.Status.LEASED, lease_expires_at__lt=now or timezone.now(),
     ).update(status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
              reserved_until=None)
+
+
+# --- Waiting for a capable device ------------------------------------------------------------------
+
+def jobs_check_waiting(*, capacity_for: Callable[..., dict], now: datetime | None = None) -> list[int]:
+    """No job waits forever. Each running job's wait clock (Job.waiting_since) starts when beat first finds no
+    capable device online and unquarantined (selectors.job_waiting: devices busy with other work count as
+    capable) and stops when one is back; a job whose clock reaches MUNINN_JOB_WAIT_LIMIT fails with the reason,
+    and job_fail's job_ended receivers release its unused hold. `capacity_for` is
+    contributors.selectors.capacity_for, passed in by the task layer. Returns the ids of the jobs it failed.
+    Safe to run any number of times; the clock only runs while beat looks, so a beat that was down starts it
+    late, never early."""
+    now = now or timezone.now()
+    limit = settings.MUNINN_JOB_WAIT_LIMIT
+    asked: dict[tuple, dict] = {}
+
+    def capacity(*, min_memory_bytes: int, backends) -> dict:  # jobs with the same needs ask once per sweep
+        key = (min_memory_bytes, tuple(backends))
+        if key not in asked:
+            asked[key] = capacity_for(min_memory_bytes=min_memory_bytes, backends=backends)
+        return asked[key]
+
+    failed = []
+    for job in Job.objects.filter(status=Job.Status.RUNNING).order_by("id"):
+        waiting = selectors.job_waiting(job, capacity)
+        running = Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING)
+        if waiting is None or not waiting.without_device:
+            if job.waiting_since is not None:
+                running.update(waiting_since=None)
+        elif job.waiting_since is None:
+            running.update(waiting_since=now)
+        elif (now - job.waiting_since).total_seconds() >= limit:
+            log.warning("job %s: no capable device since %s; failing it", job.pk, job.waiting_since)
+            job_fail(job_id=job.pk, error=selectors.job_wait_limit_error(job, waiting, waited_seconds=limit))
+            failed.append(job.pk)
+    return failed

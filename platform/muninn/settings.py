@@ -176,6 +176,8 @@ CELERY_BEAT_SCHEDULE = {
     "resume-stalled-jobs": {"task": "jobs.tasks.resume_stalled_jobs", "schedule": MUNINN_STALL_SECONDS / 3},
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 5.0},  # + re-issues stragglers
+    # Starts and stops each running job's MUNINN_JOB_WAIT_LIMIT clock; fails the jobs past it.
+    "check-waiting-jobs": {"task": "contributors.tasks.check_waiting_jobs", "schedule": 60.0},
     "clear-earnings": {"task": "billing.tasks.clear_earnings", "schedule": 600.0},
     "retry-approved-payouts": {"task": "billing.tasks.retry_approved_payouts", "schedule": 300.0},
 }
@@ -188,6 +190,9 @@ MUNINN_CONTRIBUTOR_SHARE = Decimal(env.str("MUNINN_CONTRIBUTOR_SHARE", default="
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
 MUNINN_RESERVATION_SECONDS = env.int("MUNINN_RESERVATION_SECONDS", default=10)  # a shard waits this long for its device
 MUNINN_DEVICE_ONLINE_SECONDS = env.int("MUNINN_DEVICE_ONLINE_SECONDS", default=60)
+# A running job with no capable device online and in good standing (unquarantined) for this long fails and
+# its unused hold is released. Devices that are only busy with other work do not count against it.
+MUNINN_JOB_WAIT_LIMIT = env.int("MUNINN_JOB_WAIT_LIMIT", default=4 * 3600)
 # Round deadlines adapt to the plan and to arrivals (jobs/deadlines.py) within [MIN, MAX]; past the soft one
 # stragglers are re-issued, past twice it the round closes with its verified updates. GRACE covers transfers.
 MUNINN_ROUND_DEADLINE_SECONDS = env.int("MUNINN_ROUND_DEADLINE_SECONDS", default=900)
