@@ -225,6 +225,26 @@ def unit_charge(*, unit, contributor) -> Transaction:
         )
 
 
+def check_charge(*, job, check_id: int, flops: int, contributor, memo: str) -> Transaction:
+    """A peer device's verified work checking another device's segment (contributors.peers), paid once per check
+    at the contributor's share of the job's HU rate. Verification is the platform's cost, never the customer's
+    (the quote counts training only), so it comes out of the platform's fees; the job is named in the memo only,
+    which keeps it out of the job's charges."""
+    key = f"charge:check:{check_id}"
+    with transaction.atomic():
+        existing = Transaction.objects.filter(idempotency_key=key).first()
+        if existing:
+            return existing
+        rate = Quote.objects.filter(job=job).values_list("price_per_hu", flat=True).first()
+        price = money.price_for_flops(flops, settings.MUNINN_PRICE_PER_HU if rate is None else rate, round_up=False)
+        to_contributor, _ = money.split_charge(price, settings.MUNINN_CONTRIBUTOR_SHARE)
+        return ledger_post(
+            key=key, kind=Transaction.Kind.CHARGE, flops=flops, memo=memo,
+            lines=[(account_for(kind=Kind.PLATFORM_FEE), -to_contributor),
+                   (account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor), to_contributor)],
+        )
+
+
 def hold_release(*, job) -> Transaction | None:
     """At the job's end (finished, failed or cancelled), what is left of its hold goes back to the customer."""
     with transaction.atomic():

@@ -2,7 +2,7 @@
 import json
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, HttpResponse
 from rest_framework import serializers
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -18,7 +18,7 @@ from muninn.errors import InvalidInput, NotFound, TooLarge
 
 from muninn_worker.segments import MAX_SEGMENTS
 
-from . import challenges, results, selectors, services
+from . import challenges, peers, results, selectors, services
 from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
@@ -86,7 +86,56 @@ class ClaimView(DeviceView):
         claim = services.unit_claim(device=request.auth)
         if claim is None:
             return Response(status=204)
+        if claim.check is not None:
+            return Response({"check": peers.check_payload(claim.check)})
         return Response({"unit": unit_payload(claim)})
+
+
+class CheckStartView(DeviceView):
+    """A peer check's start: the checked device's checkpoint at the segment's first boundary."""
+
+    def get(self, request, check_id: int):
+        check = peers.leased_check(device=request.auth, check_id=check_id)
+        return HttpResponse(peers.start_checkpoint_bytes(check), content_type="application/octet-stream")
+
+
+class CheckShardView(DeviceView):
+    def get(self, request, check_id: int):
+        check = peers.leased_check(device=request.auth, check_id=check_id)
+        return FileResponse(storage.blob_open(check.receipt.unit.shard_sha256),
+                            content_type="application/octet-stream")
+
+
+class CheckBaseView(DeviceView):
+    def get(self, request, check_id: int):
+        job = peers.leased_check(device=request.auth, check_id=check_id).receipt.unit.round.job
+        if job.base_weights_id is None:
+            raise NotFound("This check's job trains from scratch; it has no base weights.")
+        return FileResponse(storage.blob_open(job.base_weights.sha256), content_type="application/octet-stream")
+
+
+class CheckResultView(DeviceView):
+    """A peer check's end checkpoint, with a signed receipt {"check": id, "end": [weights sha, optimizer sha]}."""
+
+    parser_classes = [MultiPartParser, FormParser]
+
+    def post(self, request, check_id: int):
+        upload = request.FILES.get("checkpoint")
+        if upload is None:
+            raise InvalidInput("Attach the end checkpoint as the 'checkpoint' file.", code="no_checkpoint")
+        if upload.size > 2 * settings.MUNINN_MAX_RESULT_BYTES:
+            raise TooLarge(f"The checkpoint is {upload.size:,} bytes; the limit is "
+                           f"{2 * settings.MUNINN_MAX_RESULT_BYTES:,}.")
+        text = request.data.get("receipt") or ""
+        try:
+            receipt = json.loads(text)
+        except (TypeError, ValueError):
+            raise InvalidInput("The 'receipt' field must be a JSON object.", code="bad_receipt") from None
+        if not isinstance(receipt, dict):
+            raise InvalidInput("The 'receipt' field must be a JSON object.", code="bad_receipt")
+        check = peers.peer_check_submit(device=request.auth, check_id=check_id, data=upload.read(), receipt=receipt,
+                                        receipt_bytes=text.encode(), signature=str(request.data.get("signature") or ""))
+        return Response({"check": check.pk, "status": check.status}, status=201)
 
 
 class UnitWeightsView(DeviceView):

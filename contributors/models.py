@@ -113,3 +113,34 @@ class DeviceEvent(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class PeerCheck(models.Model):
+    """A challenged segment re-trained by a second device of the unit's backend class, where no validator of the
+    site runs that backend (BOINC's homogeneous redundancy). Two agreeing devices accept the segment; when they
+    disagree, a third device's run decides, and the minority failed."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Waiting for a peer device"
+        LEASED = "leased", "Being re-trained by a peer device"
+        AGREED = "agreed", "The peer's run agrees with the device's"
+        DISAGREED = "disagreed", "The peer's run disagrees with the device's"
+        EXPIRED = "expired", "No peer device took it in time (the site's validator decided)"
+
+    receipt = models.ForeignKey(Receipt, on_delete=models.CASCADE, related_name="peer_checks")
+    segment = models.PositiveIntegerField()
+    tie_break = models.BooleanField(default=False)  # the third device's run, after two disagreed
+    backend = models.CharField(max_length=16)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    device = models.ForeignKey(Device, null=True, blank=True, on_delete=models.PROTECT, related_name="peer_checks")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    distance = models.FloatField(null=True, blank=True)
+    result_sha256 = models.CharField(max_length=64, blank=True)  # the peer's end checkpoint
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"peer check {self.pk} of receipt {self.receipt_id} segment {self.segment} ({self.status})"

@@ -140,6 +140,17 @@ def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
                                    work_samples=jobs.unit_work_samples(unit))
 
 
+def credit_peer_check(*, check) -> None:
+    """A peer device's run of another device's segment, in the majority: paid as verified work (its share of
+    the unit's FLOPs), and its record grows."""
+    unit = check.receipt.unit
+    steps = segments.boundaries(jobs.unit_steps(unit), check.receipt.segment_steps)
+    flops = unit.flops * (steps[check.segment + 1] - steps[check.segment]) // max(steps[-1], 1)
+    billing.check_charge(job=unit.round.job, check_id=check.pk, flops=flops, contributor=check.device.owner,
+                         memo=f"job {unit.round.job.pk} unit {unit.pk}: peer check of segment {check.segment}")
+    services.device_record_success(device=check.device, seconds=0.0, flops=flops, work_samples=0)
+
+
 def aggregate_on_commit(round_id: int) -> None:
     from jobs.tasks import aggregate_round
 

@@ -13,9 +13,9 @@ from jobs import services as jobs
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, MuninnError, NotFound
 
-from . import reputation, selectors, tolerances
+from . import peers, reputation, selectors, tolerances
 from .authentication import token_hash, touch
-from .models import Device, DeviceEvent, Lease
+from .models import Device, DeviceEvent, Lease, PeerCheck
 
 log = logging.getLogger(__name__)
 THROUGHPUT_SMOOTHING = 0.3  # weight of the newest measurement in the moving estimate
@@ -36,8 +36,9 @@ def device_register(*, owner, name: str, capabilities: dict, public_key: str) ->
 
 @dataclass(frozen=True)
 class Claim:
-    unit: WorkUnit
-    lease: Lease
+    unit: WorkUnit | None
+    lease: Lease | None
+    check: PeerCheck | None = None  # a peer check instead of a unit (contributors.peers)
 
 
 class Quarantined(MuninnError):
@@ -46,11 +47,15 @@ class Quarantined(MuninnError):
 
 
 def unit_claim(*, device: Device) -> Claim | None:
-    """Lease the device one queued unit it can run, or None when there is nothing for it now."""
+    """Lease the device a peer check it may run (checks hold up accepted work, so they come first), else one
+    queued unit it can run, or None when there is nothing for it now."""
     touch(device)
     if device.quarantined_at is not None:
         raise Quarantined(f"This device is quarantined and gets no work: {device.quarantine_reason} "
                           "Contact support to have it reviewed.")
+    check = peers.peer_check_lease(device=device)
+    if check is not None:
+        return Claim(None, None, check)
     with transaction.atomic():
         unit = jobs.unit_lease(device_id=device.pk, resources=selectors.device_resources(device))
         if unit is None:

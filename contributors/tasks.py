@@ -5,7 +5,7 @@ from celery import shared_task
 
 from jobs import services as jobs
 
-from . import challenges, selectors, verification
+from . import challenges, peers, selectors, verification
 
 
 @shared_task(name="contributors.tasks.verify_unit")
@@ -18,6 +18,8 @@ def sweep_pending_verifications() -> None:
     """Challenges unanswered past their deadline fail; checks whose task was lost are enqueued again."""
     challenges.challenges_expire()
     for unit_id in verification.pending_units():
+        verify_unit.delay(unit_id)
+    for unit_id in peers.peer_checks_sweep():  # no peer came: the site's validator decides
         verify_unit.delay(unit_id)
 
 

@@ -13,4 +13,8 @@ urlpatterns = [
     path("units/<int:unit_id>/checkpoints/<int:boundary>", api.CheckpointView.as_view(),
          name="worker-unit-checkpoint"),
     path("challenges", api.ChallengesView.as_view(), name="worker-challenges"),
+    path("checks/<int:check_id>/start", api.CheckStartView.as_view(), name="worker-check-start"),
+    path("checks/<int:check_id>/shard", api.CheckShardView.as_view(), name="worker-check-shard"),
+    path("checks/<int:check_id>/base", api.CheckBaseView.as_view(), name="worker-check-base"),
+    path("checks/<int:check_id>/result", api.CheckResultView.as_view(), name="worker-check-result"),
 ]

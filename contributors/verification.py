@@ -17,7 +17,7 @@ import math
 
 from django.db import transaction
 from django.utils import timezone
-from muninn_worker import segments, tensors, training
+from muninn_worker import segments, tensors, training, zoo
 
 from jobs import services as jobs
 from jobs import storage
@@ -25,8 +25,8 @@ from jobs.models import WorkUnit
 from muninn.errors import Conflict
 from muninn.failpoints import failpoint
 
-from . import challenges, checks, results, tolerances
-from .models import Receipt
+from . import challenges, checks, peers, results, tolerances
+from .models import PeerCheck, Receipt
 
 log = logging.getLogger(__name__)
 VALIDATOR = "site:cpu"
@@ -46,21 +46,24 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
         return _check_divergence(pending)
     if challenges.missing_boundaries(pending):
         return None
+    if not peers.site_validates(peers.unit_backend(unit)) and not pending.peer_checks.filter(
+            status=PeerCheck.Status.EXPIRED).exists():
+        peers.peer_checks_create(receipt=pending)  # a second device of its kind re-trains the segments
+        return None
     return _check_segments(pending)
 
 
 def _check_segments(receipt: Receipt) -> Receipt:
     unit, job = receipt.unit, receipt.unit.round.job
     spec = jobs.unit_train_spec(unit)
-    reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
     X, y = jobs.load_xy(unit.shard_sha256)
     k = receipt.segment_steps
     bounds = segments.boundaries(jobs.unit_steps(unit), k)
     tolerance = tolerances.tolerance(job.template, k)
     report, failed, diverged = [], None, False
     for j in receipt.challenge_segments:
-        start = _checkpoint(receipt, j, reference, spec)
-        end = _checkpoint(receipt, j + 1, reference, spec)
+        start = _checkpoint(receipt, j)
+        end = _checkpoint(receipt, j + 1)
         model = jobs.job_model(job, start.weights)
         try:
             validator_end, losses = training.train_segment(model, X, y, start, first_step=bounds[j],
@@ -85,19 +88,26 @@ def _check_segments(receipt: Receipt) -> Receipt:
         try:
             checks.check_segment(failed[1], tolerance, segment=failed[0])
         except checks.ResultRejected as e:
-            _record(receipt, evidence)
+            record(receipt, evidence)
             return challenges.fail(receipt_id=receipt.pk, code=e.code, message=e.message)
-    return _accept(receipt, evidence)
+    return accept(receipt, evidence)
 
 
-def _checkpoint(receipt: Receipt, boundary: int, reference: dict, spec: dict) -> segments.Checkpoint:
+def _checkpoint(receipt: Receipt, boundary: int) -> segments.Checkpoint:
     """Boundary 0 is the round's global weights with a fresh optimizer (the receipt's chain was checked to
     start there); any other was uploaded and checked against its commitment."""
     if boundary == 0:
-        model = jobs.job_model(receipt.unit.round.job, reference)
-        return segments.Checkpoint(reference, training.initial_optimizer_state(model, spec["optimizer"],
-                                                                               spec["momentum"]))
+        return first_checkpoint(receipt)
     return segments.bytes_to_checkpoint(storage.blob_get(receipt.checkpoint_blobs[str(boundary)]))
+
+
+def first_checkpoint(receipt: Receipt) -> segments.Checkpoint:
+    unit = receipt.unit
+    spec = jobs.unit_train_spec(unit)
+    reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
+    model = zoo.build_model(unit.round.job.template, unit.round.job.model_config)
+    return segments.Checkpoint(reference, training.initial_optimizer_state(model, spec["optimizer"],
+                                                                           spec["momentum"]))
 
 
 def _check_divergence(receipt: Receipt) -> Receipt:
@@ -114,7 +124,7 @@ def _check_divergence(receipt: Receipt) -> Receipt:
                 "at": timezone.now().isoformat()}
     if not finite:
         return _diverged(receipt, evidence, job)
-    _record(receipt, evidence)
+    record(receipt, evidence)
     return challenges.fail(receipt_id=receipt.pk, code="reexecution_mismatch",
                            message="Re-training the unit gave finite weights and loss; the result's are not.")
 
@@ -137,13 +147,13 @@ def _diverged(receipt: Receipt, evidence: dict, job) -> Receipt:
     return locked
 
 
-def _record(receipt: Receipt, evidence: dict) -> None:
+def record(receipt: Receipt, evidence: dict) -> None:
     Receipt.objects.filter(pk=receipt.pk, status=Receipt.Status.PENDING).update(
         verification={**receipt.verification, "segment_check": evidence})
     receipt.verification = {**receipt.verification, "segment_check": evidence}
 
 
-def _accept(pending: Receipt, evidence: dict) -> Receipt:
+def accept(pending: Receipt, evidence: dict) -> Receipt:
     with transaction.atomic():
         receipt = Receipt.objects.select_for_update().get(pk=pending.pk)
         if receipt.status != Receipt.Status.PENDING:

@@ -74,9 +74,11 @@ class SimulatedDevice:
     every segment boundary, commits to them in its receipt, and answers the site's challenges with them
     (`answer=False` leaves a challenge unanswered). `numerics="f64"` trains with another device's arithmetic."""
 
-    def __init__(self, contributor: User, name: str, *, numerics: str = "native", answer: bool = True):
+    def __init__(self, contributor: User, name: str, *, numerics: str = "native", answer: bool = True,
+                 capabilities: dict | None = None):
         self.signing_key = signing.new_private_key()
-        self.device, token = contributors.device_register(owner=contributor, name=name, capabilities=CAPABILITIES,
+        self.device, token = contributors.device_register(owner=contributor, name=name,
+                                                          capabilities=capabilities or CAPABILITIES,
                                                           public_key=signing.public_key_of(self.signing_key))
         self.client = APIClient()
         self.client.credentials(HTTP_AUTHORIZATION=f"Device {token}")
@@ -85,9 +87,37 @@ class SimulatedDevice:
         self._root = tempfile.mkdtemp(prefix=f"muninn-{name}-")
 
     def claim(self) -> dict | None:
-        response = self.client.post("/api/worker/claim", {}, format="json")
-        assert response.status_code in (200, 204), response.content
-        return response.json()["unit"] if response.status_code == 200 else None
+        """The next unit; peer checks the site hands out first are run on the way (see run_check)."""
+        while True:
+            response = self.client.post("/api/worker/claim", {}, format="json")
+            assert response.status_code in (200, 204), response.content
+            if response.status_code == 204:
+                return None
+            if "check" not in response.json():
+                return response.json()["unit"]
+            self.run_check(response.json()["check"])
+
+    def run_check(self, check: dict, *, lie: bool = False):
+        """A peer check: re-train another device's segment from its start checkpoint and report the end (`lie`:
+        report it nudged off, as a dishonest peer would)."""
+        get = lambda kind: b"".join(self.client.get(  # noqa: E731
+            f"/api/worker/checks/{check['id']}/{kind}").streaming_content if kind != "start" else
+            [self.client.get(f"/api/worker/checks/{check['id']}/start").content])
+        start = segments.bytes_to_checkpoint(get("start"))
+        assert tensors.sha256_hex(get("start")) == check["start_sha256"]
+        xy = tensors.bytes_to_state_dict(get("shard"))
+        model = zoo.build_model(check["template"], check["model_config"])
+        end, _ = training.train_segment(model, xy["X"], xy["y"], start, first_step=check["first_step"],
+                                        steps=check["steps"], numerics=self.numerics, **check["train"])
+        if lie:
+            end = Checkpoint({k: v * 1.01 if v.is_floating_point() else v for k, v in end.weights.items()},
+                             end.optimizer)
+        body = json.dumps({"check": check["id"], "end": end.commitment()})
+        response = self.client.post(f"/api/worker/checks/{check['id']}/result",
+                                    {"checkpoint": io.BytesIO(segments.checkpoint_to_bytes(end)), "receipt": body,
+                                     "signature": signing.sign(self.signing_key, body.encode())}, format="multipart")
+        assert response.status_code == 201, response.content
+        return response.json()
 
     def train(self, unit: dict) -> tuple[bytes, dict]:
         weights = b"".join(self.client.get(f"/api/worker/units/{unit['id']}/weights").streaming_content)

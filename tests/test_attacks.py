@@ -1,7 +1,7 @@
 """The attack suite: real cheating worker-client processes, one per class of cheating, against a live site
 (gunicorn, a Celery worker with the validation queue, beat) beside honest devices with different thread
-counts. Every cheat is refused with its reason and earns nothing; the job still finishes; no honest
-result is ever rejected."""
+counts and arithmetic. Every cheat is refused with its reason and earns nothing; the job still finishes; no
+honest result is ever rejected."""
 from __future__ import annotations
 
 import sys
@@ -26,14 +26,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 # What each cheat must be refused for (any of these codes, in a rejected receipt or a refused request).
 EXPECTED = {
     "no_training": {"no_training", "replayed_result"},
+    # Cheap checks that honest training can fail (a rising loss, a large norm) are evidence, not verdicts:
+    # these are refused by re-training the segments they lied in.
     "partial_shard": {"reexecution_mismatch"},
-    "random_noise": {"loss_not_improved", "update_too_large", "reexecution_mismatch"},
-    "scaled": {"update_too_large", "loss_not_improved", "reexecution_mismatch"},
-    "sign_flip": {"loss_not_improved", "reexecution_mismatch"},
+    "random_noise": {"reexecution_mismatch"},
+    "scaled": {"reexecution_mismatch"},
+    "sign_flip": {"reexecution_mismatch"},
     "replay": {"replayed_result", "reexecution_mismatch"},
     "forged_signature": {"bad_signature"},
     "other_lease": {"lease_lost", "not_found"},
-    "nan": {"not_finite"},
+    "nan": {"reexecution_mismatch"},  # re-trained whole: finite here, so not a diverging job
     "wrong_shape": {"wrong_shape"},
     "oversized": {"too_large"},
     "pickle": {"not_safetensors"},
@@ -54,14 +56,15 @@ def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, ma
     stack.celery_worker()
     stack.celery_beat()
     honest = {name: stack.register_device(url, accounts.token_for(user=contributor), name)
-              for name in ("honest-1-thread", "honest-2-threads")}
+              for name in ("honest-1-thread", "honest-f64")}
     cheaters = {s: stack.register_device(url, accounts.token_for(user=mallory), f"cheat-{s}") for s in STRATEGIES}
     api = customer_session(customer)
     dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())}).json()
 
     started = timezone.now()
-    for name, threads in (("honest-1-thread", "1"), ("honest-2-threads", "2")):
-        stack.worker_client(name, honest[name], "--threads", threads, "--poll-interval", "0.2")
+    # the second honest device has other arithmetic (float64 rounded to float32 every step) and threads
+    for name, extra in (("honest-1-thread", ("--threads", "1")), ("honest-f64", ("--threads", "2", "--numerics", "f64"))):
+        stack.worker_client(name, honest[name], *extra, "--poll-interval", "0.2")
     for strategy, config in cheaters.items():
         stack.spawn(f"cheat-{strategy}", [sys.executable, "-m", "tests.attacks.cheater", "--config", str(config),
                                           "--cache-dir", str(stack.log_dir / f"cache-{strategy}"),

@@ -177,7 +177,8 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 5.0},  # + re-issues stragglers
     # Starts and stops each running job's MUNINN_JOB_WAIT_LIMIT clock; fails the jobs past it.
-    "check-waiting-jobs": {"task": "contributors.tasks.check_waiting_jobs", "schedule": 60.0},
+    "check-waiting-jobs": {"task": "contributors.tasks.check_waiting_jobs",
+                           "schedule": env.float("MUNINN_WAIT_CHECK_SECONDS", default=60.0)},
     "clear-earnings": {"task": "billing.tasks.clear_earnings", "schedule": 600.0},
     "retry-approved-payouts": {"task": "billing.tasks.retry_approved_payouts", "schedule": 300.0},
 }
@@ -205,6 +206,12 @@ MUNINN_UNIT_BACKOFF_MAX_SECONDS = env.float("MUNINN_UNIT_BACKOFF_MAX_SECONDS", d
 # A device has this long to upload the checkpoints of the segments the site challenged; past it, the check
 # counts as failed. Segment tolerances come from measurements (contributors/data/tolerances.json).
 MUNINN_CHALLENGE_SECONDS = env.int("MUNINN_CHALLENGE_SECONDS", default=300)
+# The backends whose segments the site's validation workers re-run (set the same on the web processes and on
+# the Celery workers of the "validation" queue). The CPU validator re-runs CUDA segments within the tolerance
+# measured for other devices' arithmetic; a unit of a backend not listed is checked by a second device of that
+# backend (a peer check), and by the site's validator only when no peer takes it within MUNINN_PEER_CHECK_SECONDS.
+MUNINN_VALIDATOR_BACKENDS = env.list("MUNINN_VALIDATOR_BACKENDS", default=["cpu", "cuda"])
+MUNINN_PEER_CHECK_SECONDS = env.int("MUNINN_PEER_CHECK_SECONDS", default=600)
 MUNINN_MAX_UPLOAD_BYTES = env.int("MUNINN_MAX_UPLOAD_BYTES", default=50 * 1024 * 1024)
 MUNINN_MAX_RESULT_BYTES = env.int("MUNINN_MAX_RESULT_BYTES", default=512 * 1024 * 1024)
 MUNINN_MAX_ROUNDS = env.int("MUNINN_MAX_ROUNDS", default=200)

@@ -3,7 +3,8 @@
     python -m tests.attacks.cheater --config worker.json --cache-dir DIR --strategy sign_flip
 
 It speaks the real protocol with the real client library (muninn_worker.api), trains with the real
-training loop where the strategy needs an honest starting point, and then lies in one specific way.
+training loop where the strategy needs an honest starting point, and then lies in one specific way, keeping
+its receipt's chain of checkpoints consistent with the lie and answering the site's challenges.
 It stops when the site quarantines it (403), after --max-units, or after --idle seconds without work.
 """
 from __future__ import annotations
@@ -17,10 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from muninn_worker import codec, signing, tensors, training, zoo
+from muninn_worker import codec, segments, signing, tensors, training, zoo
 from muninn_worker.api import ApiClient, ApiError
+from muninn_worker.challenge import CheckpointStore, answer_challenge
 from muninn_worker.config import load_config
 from muninn_worker.receipt import build_receipt
+from muninn_worker.segments import Checkpoint
 
 log = logging.getLogger("cheater")
 STRATEGIES = ("no_training", "partial_shard", "random_noise", "scaled", "sign_flip", "replay", "forged_signature",
@@ -46,28 +49,43 @@ class Cheater:
         model = zoo.build_model(unit["template"], unit["model_config"])
         model.load_state_dict(glob)
         started = _now()
-        result = training.train_local(model, X, y, **unit["train"])
+        train = {k: v for k, v in unit["train"].items() if k != "segment_steps"}
+        store = CheckpointStore(self.cache_dir, unit["id"])
+        result = training.train_local(model, X, y, **train, segment_steps=unit["train"]["segment_steps"],
+                                      on_boundary=store.keep)
         result = dataclasses.replace(result, samples=unit["samples"])  # partial_shard claims the whole shard
-        state = dict(result.state_dict)
-        payload = self.tamper(unit, glob, state, glob_bytes)
+        payload, claimed = self.tamper(unit, glob, dict(result.state_dict), glob_bytes)
+        # A careful cheater: the chain ends at what it uploads, and its last checkpoint file says the same, so
+        # only re-training a segment (or a cheap check) can tell.
+        last = len(store.commitments) - 1
+        if claimed is not None:
+            store.path(last).write_bytes(segments.checkpoint_to_bytes(Checkpoint(claimed, result.optimizer_state)))
+        chain = store.seal(Checkpoint(claimed if claimed is not None else result.state_dict, result.optimizer_state),
+                           glob, unit["encoding"])
         receipt = build_receipt(unit, result, output_sha256=tensors.sha256_hex(payload), started_at=started,
-                                finished_at=_now())
+                                finished_at=_now(), segment_steps=unit["train"]["segment_steps"], checkpoints=chain)
         target = unit["id"]
         if self.strategy == "other_lease":  # a unit that is someone else's (or nobody's)
             target = unit["id"] + 1
         try:
             answer = self.client.submit_result(target, payload, receipt)
             log.info("unit %s: %s", target, answer)
+            if isinstance(answer.get("challenge"), dict):
+                log.info("unit %s: challenged, answered: %s", target,
+                         answer_challenge(self.client, store, answer["challenge"]))
         except ApiError as exc:
             log.info("unit %s refused: %s %s", target, exc.code, exc.message)
+        finally:
+            store.discard()
         if self.previous_output is None:
             self.previous_output = codec.encode_update(result.state_dict, glob, unit["encoding"])
 
-    def tamper(self, unit: dict, glob: dict, state: dict, glob_bytes: bytes) -> bytes:
+    def tamper(self, unit: dict, glob: dict, state: dict, glob_bytes: bytes) -> tuple[bytes, dict | None]:
+        """The bytes to upload, and the full state they claim to be (None for bytes that are not an update)."""
         floating = [k for k, v in glob.items() if v.is_floating_point()]
         s, encoding = self.strategy, unit["encoding"]
         if s == "no_training":
-            return codec.encode_update(glob, glob, encoding)
+            return codec.encode_update(glob, glob, encoding), glob
         if s == "random_noise":
             state = {k: torch.randn_like(v) if k in floating else v for k, v in state.items()}
         elif s == "scaled":
@@ -75,7 +93,7 @@ class Cheater:
         elif s == "sign_flip":
             state = {k: glob[k] - (v - glob[k]) if k in floating else v for k, v in state.items()}
         elif s == "replay" and self.previous_output is not None:
-            return self.previous_output
+            return self.previous_output, None
         elif s == "nan":
             first = floating[-1]
             state[first] = state[first].clone()
@@ -83,12 +101,12 @@ class Cheater:
         elif s == "wrong_shape":  # a delta of another shape than the weights it claims to update
             encoded = codec.unpack(codec.encode_update(state, glob, encoding))
             encoded[floating[-1]] = torch.zeros(3, 3, dtype=encoded[floating[-1]].dtype)
-            return codec.pack(encoded, encoding)
+            return codec.pack(encoded, encoding), None
         elif s == "oversized":
-            return codec.encode_update(state, glob, encoding) + bytes(8 << 20)
+            return codec.encode_update(state, glob, encoding) + bytes(8 << 20), None
         elif s == "pickle":
-            return pickle.dumps({k: v.numpy() for k, v in state.items()})
-        return codec.encode_update(state, glob, encoding)
+            return pickle.dumps({k: v.numpy() for k, v in state.items()}), None
+        return codec.encode_update(state, glob, encoding), state
 
 
 def main() -> int:

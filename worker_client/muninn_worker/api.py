@@ -94,7 +94,10 @@ class ApiClient:
         response = self._request("POST", "/api/worker/claim", json={}, expected=(200, 204))
         if response.status_code == 204:
             return None
-        unit = self._json(response).get("unit")
+        body = self._json(response)
+        if isinstance(body.get("check"), dict):  # a peer check: re-train another device's segment
+            return {**body["check"], "kind": "check"}
+        unit = body.get("unit")
         if not isinstance(unit, dict):
             raise ApiError(response.status_code, "bad_response", "claim answer has no unit object")
         return unit
@@ -107,19 +110,20 @@ class ApiClient:
         cache_dir: str | os.PathLike[str],
         *,
         progress: DownloadProgress | None = None,
+        scope: str = "units",
     ) -> bytes:
-        """GET a unit's weights, shard or (LoRA) base weights, through the content-addressed cache; the hash is
-        always verified.
+        """GET a unit's weights, shard or (LoRA) base weights (scope "checks": a peer check's start checkpoint,
+        shard or base), through the content-addressed cache; the hash is always verified.
 
         Raises HashMismatch (a ValueError) when the body does not hash to `expected_sha256`.
         """
-        if kind not in ("weights", "shard", "base"):
-            raise ValueError(f"kind must be 'weights', 'shard' or 'base' (got {kind!r})")
+        if scope not in ("units", "checks") or kind not in ("weights", "shard", "base", "start"):
+            raise ValueError(f"kind must be 'weights', 'shard', 'base' or 'start' (got {scope}/{kind!r})")
         cache = ContentCache(cache_dir)
         cached = cache.get(expected_sha256)
         if cached is not None:
             return cached
-        url = f"{self.server_url}/api/worker/units/{int(unit_id)}/{kind}"
+        url = f"{self.server_url}/api/worker/{scope}/{int(unit_id)}/{kind}"
         body: dict[str, bytes] = {}
 
         def attempt() -> requests.Response:
@@ -174,6 +178,23 @@ class ApiClient:
             lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
         )
         if response.status_code != 200:
+            raise _error_from(response)
+        return self._json(response)
+
+    def submit_check(self, check_id: int, checkpoint: bytes, receipt: dict) -> dict:
+        """POST a peer check's end checkpoint with its signed receipt → {"check", "status"}."""
+        text = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
+        fields: dict[str, Any] = {"receipt": text}
+        if self.signing_key:
+            fields["signature"] = sign(self.signing_key, text.encode())
+        fields["checkpoint"] = ("checkpoint.safetensors", checkpoint, "application/octet-stream")
+        body, content_type = encode_multipart_formdata(fields)
+        url = f"{self.server_url}/api/worker/checks/{int(check_id)}/result"
+        headers = {**self._headers("device"), "Content-Type": content_type}
+        response = self._retry(
+            lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
+        )
+        if response.status_code not in (200, 201):
             raise _error_from(response)
         return self._json(response)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from muninn_worker import codec, segments
 from muninn_worker.segments import Checkpoint
 
-__all__ = ["CheckpointStore", "answer_challenge", "answer_open_challenges"]
+__all__ = ["CheckpointStore", "answer_challenge", "answer_open_challenges", "run_peer_check"]
 
 log = logging.getLogger("muninn_worker")
 
@@ -89,3 +89,29 @@ def answer_open_challenges(client, root: str | Path) -> int:
         for unit_dir in base.iterdir():
             shutil.rmtree(unit_dir, ignore_errors=True)
     return answered
+
+
+def run_peer_check(client, check: dict, cache_root: str | Path, numerics: str = "native") -> str:
+    """A peer check (the claim answered {"check": ...}): re-train another device's segment from its start
+    checkpoint, exactly as `train_local` would have, and upload the end with a signed receipt. Returns the
+    site's verdict on the segment ("agreed" or "disagreed")."""
+    from muninn_worker import tensors, training, zoo
+
+    check_id = int(check["id"])
+    start = segments.bytes_to_checkpoint(
+        client.download(check_id, "start", str(check["start_sha256"]), cache_root, scope="checks"))
+    X, y = tensors.bytes_to_shard(client.download(check_id, "shard", str(check["shard_sha256"]), cache_root,
+                                                  scope="checks"))
+    model = zoo.build_model(str(check["template"]), check["model_config"])
+    model.load_state_dict(start.weights, strict=True)
+    if check.get("base_sha256"):
+        zoo.load_base(model, tensors.bytes_to_state_dict(
+            client.download(check_id, "base", str(check["base_sha256"]), cache_root, scope="checks")))
+    train = {k: v for k, v in check["train"].items() if k != "segment_steps"}
+    end, _ = training.train_segment(model, X, y, start, first_step=int(check["first_step"]),
+                                    steps=int(check["steps"]), numerics=numerics, **train)
+    answer = client.submit_check(check_id, segments.checkpoint_to_bytes(end),
+                                 {"check": check_id, "end": end.commitment()})
+    log.info("peer check %s (unit %s, steps %s+%s): %s", check_id, check.get("unit"), check["first_step"],
+             check["steps"], answer.get("status"))
+    return str(answer.get("status"))

@@ -23,7 +23,7 @@ import torch
 from muninn_worker import codec
 from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import ContentCache
-from muninn_worker.challenge import CheckpointStore, answer_challenge, answer_open_challenges
+from muninn_worker.challenge import CheckpointStore, answer_challenge, answer_open_challenges, run_peer_check
 from muninn_worker.failpoints import failpoint
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
@@ -91,6 +91,10 @@ def run(
             sleep(delay if exit_when_idle is None else min(delay, exit_when_idle - waited))
             continue
         idle.reset()
+        if unit.get("kind") == "check":
+            _work_on_check(client, unit, cache, numerics)
+            idle_since = clock()
+            continue
         ok = _work_on_unit(client, unit, cache, stats, numerics)
         stats.units += 1
         cache.prune(cache_max_bytes)
@@ -160,6 +164,14 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
             store.discard()  # answered, not challenged, or given up: the site needs none of them any more
     stats.failed += 1
     return False
+
+
+def _work_on_check(client: ApiClient, check: dict, cache: ContentCache, numerics: str) -> None:
+    """A peer check: another device's segment re-trained and reported. Its failures never stop the loop."""
+    try:
+        run_peer_check(client, check, cache.root, numerics)
+    except (ApiError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        log.warning("peer check %s failed: %s", check.get("id"), exc)
 
 
 def _download_inputs(client: ApiClient, spec: _UnitSpec, cache: ContentCache) -> tuple[bytes, bytes]:
