@@ -305,18 +305,6 @@ def earnings_forfeit(*, unit, staff, reason: str) -> Transaction:
             lines=[*lines, (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=charge.job.owner), refund)])
 
 
-def earnings_forfeit_units(*, units, reason: str, staff=None) -> list[Transaction]:
-    """Forfeit every charged unit among `units` whose earnings have not cleared yet (a quarantined device's
-    work): each goes back to its customer. Cleared earnings stay paid: the holding period is the window."""
-    forfeited = []
-    for unit in units.filter(pk__in=Transaction.objects.filter(kind=Transaction.Kind.CHARGE).values("unit_id")):
-        try:
-            forfeited.append(earnings_forfeit(unit=unit, staff=staff, reason=reason))
-        except Conflict:  # already cleared
-            continue
-    return forfeited
-
-
 def earnings_hold_units(*, units, reason: str) -> list[Transaction]:
     """Hold the pending earnings of the charged units among `units` for review (a quarantined device's unverified
     work): they stay the contributor's but do not clear until staff release or forfeit them. Earnings that

@@ -1,4 +1,4 @@
-"""Verification in-process: re-execution, reputation, quarantine and forfeits, robust aggregation per job."""
+"""Verification in-process: re-execution, reputation, quarantine, robust aggregation per job."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +8,7 @@ from billing import selectors as ledger
 from billing.models import Transaction
 from contributors import services as contributors
 from contributors.models import Device, DeviceEvent, Receipt
+from contributors.selectors import receipt_was_checked
 from jobs import services as jobs_services
 from jobs.models import Job, WorkUnit
 
@@ -190,11 +191,12 @@ def test_an_implausibly_fast_result_is_reexecuted_not_refused(customer_api, digi
     assert receipt.status == Receipt.Status.ACCEPTED  # honest, so the re-execution agrees
 
 
-def test_repeated_failures_quarantine_the_device_and_forfeit_its_pending_earnings(
+def test_repeated_failures_quarantine_the_device_and_its_verified_earnings_stay_its_own(
         customer_api, digits_dataset, make_device, customer, staff):
     device = make_device("turncoat")
     create_job(customer_api, digits_dataset["id"], rounds=5)
-    assert device.work_one()  # one honest, credited unit first
+    assert device.work_one()  # one honest, credited unit first (a new device's: re-executed, so verified)
+    assert receipt_was_checked(Receipt.objects.get(device=device.device, status=Receipt.Status.ACCEPTED))
     earned = ledger.balances_for(user=device.device.owner)["contributor_pending"]
     assert earned > 0
     glob_of = lambda u: tensors.bytes_to_state_dict(b"".join(device.client.get(  # noqa: E731
@@ -211,8 +213,10 @@ def test_repeated_failures_quarantine_the_device_and_forfeit_its_pending_earning
     assert quarantined.quarantined_at is not None and "loss_not_improved" in quarantined.quarantine_reason
     claim = device.client.post("/api/worker/claim", {}, format="json")
     assert claim.status_code == 403 and claim.json()["error"]["code"] == "device_quarantined"
-    assert ledger.balances_for(user=device.device.owner)["contributor_pending"] == 0  # forfeited...
-    assert Transaction.objects.filter(kind=Transaction.Kind.FORFEIT).count() == 1  # ...back to the customer
+    # Verified work is not suspect: its earnings stay pending, neither held nor forfeited (tests/test_earnings_held.py
+    # has what happens to unverified work).
+    assert ledger.balances_for(user=device.device.owner)["contributor_pending"] == earned
+    assert not Transaction.objects.filter(kind__in=[Transaction.Kind.FORFEIT, Transaction.Kind.EARNINGS_HOLD]).exists()
     assert ledger.ledger_total() == 0
 
     contributors.device_lift_quarantine(device=quarantined, staff=staff, reason="reviewed: owner fixed it")
