@@ -11,6 +11,8 @@ class Account(models.Model):
         CUSTOMER_AVAILABLE = "customer_available", "Customer balance"
         CUSTOMER_HELD = "customer_held", "Customer held for jobs"
         CONTRIBUTOR_PENDING = "contributor_pending", "Contributor pending earnings"
+        # Unverified earnings of a quarantined device while staff review it: they do not clear from here.
+        CONTRIBUTOR_HELD = "contributor_held", "Contributor earnings held for review"
         CONTRIBUTOR_AVAILABLE = "contributor_available", "Contributor available earnings"
         CONTRIBUTOR_IN_REVIEW = "contributor_in_review", "Contributor payouts in review"
         CONTRIBUTOR_PAID_OUT = "contributor_paid_out", "Contributor paid out"
@@ -19,8 +21,8 @@ class Account(models.Model):
         STRIPE_CLEARING = "stripe_clearing", "Stripe clearing"
 
     # The accounts of people: never below zero. Platform accounts are the other side of the books.
-    USER_KINDS = (Kind.CUSTOMER_AVAILABLE, Kind.CUSTOMER_HELD, Kind.CONTRIBUTOR_PENDING, Kind.CONTRIBUTOR_AVAILABLE,
-                  Kind.CONTRIBUTOR_IN_REVIEW, Kind.CONTRIBUTOR_PAID_OUT)
+    USER_KINDS = (Kind.CUSTOMER_AVAILABLE, Kind.CUSTOMER_HELD, Kind.CONTRIBUTOR_PENDING, Kind.CONTRIBUTOR_HELD,
+                  Kind.CONTRIBUTOR_AVAILABLE, Kind.CONTRIBUTOR_IN_REVIEW, Kind.CONTRIBUTOR_PAID_OUT)
 
     key = models.CharField(max_length=120, unique=True)  # "user:<id>:<kind>" or "platform:<kind>"
     kind = models.CharField(max_length=32, choices=Kind.choices)
@@ -40,6 +42,8 @@ class Transaction(models.Model):
         CHARGE = "charge", "Charge for verified work"
         RELEASE = "release", "Release of an unused hold"
         CLEAR = "clear", "Earnings cleared"
+        EARNINGS_HOLD = "earnings_hold", "Earnings held for review"
+        EARNINGS_RELEASE = "earnings_release", "Held earnings released after review"
         FORFEIT = "forfeit", "Earnings forfeited (work found fraudulent), refunded"
         PAYOUT_REQUEST = "payout_request", "Payout requested"
         PAYOUT = "payout", "Payout transferred"
@@ -51,7 +55,8 @@ class Transaction(models.Model):
     job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     unit = models.ForeignKey("jobs.WorkUnit", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     flops = models.BigIntegerField(default=0)  # the work a charge pays for (HU = flops / 10^16)
-    # The transaction this one follows from (the charge a clearing clears).
+    # The transaction this one follows from: the charge a clearing clears, a review hold holds, a release
+    # releases or a forfeit refunds.
     source = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="followups")
     payout = models.ForeignKey("billing.Payout", null=True, blank=True, on_delete=models.PROTECT,
                                related_name="transactions")

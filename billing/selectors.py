@@ -37,6 +37,19 @@ def job_money(*, job) -> dict[str, int]:
             "flops_charged": job_flops_charged(job=job)}
 
 
+def units_with_open_earnings(*, units):
+    """The ids of the charged units among `units` whose earnings have neither cleared nor been forfeited."""
+    return (Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit__in=units)
+            .exclude(followups__kind__in=[Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT])
+            .values_list("unit_id", flat=True))
+
+
+def earnings_held(*, units) -> int:
+    """How much of the earnings for `units` is held for review now (holds less releases and forfeits)."""
+    return Entry.objects.filter(account__kind=Account.Kind.CONTRIBUTOR_HELD,
+                                transaction__unit__in=units).aggregate(s=Sum("amount"))["s"] or 0
+
+
 def statement_for(*, user) -> QuerySet[Entry]:
     """Every entry that touched the user's accounts, newest first, with the job, round and unit it came from."""
     return (Entry.objects.filter(account__owner=user)

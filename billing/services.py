@@ -1,4 +1,5 @@
-"""Money-moving services on the ledger: quotes, holds, unit charges, releases, clearing and manual credits.
+"""Money-moving services on the ledger: quotes, holds, unit charges, releases, clearing, earnings held for review
+and their release or forfeiture, and manual credits.
 Each movement is one balanced transaction with an idempotency key, run atomically with the accounts it checks
 locked. Top-ups are in payments.py, payouts in payouts.py."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from jobs import services as job_services
@@ -259,64 +261,151 @@ def hold_release(*, job) -> Transaction | None:
         )
 
 
-# --- Clearing and forfeiture ------------------------------------------------------------------------
+# --- Earnings: clearing, holds for review, forfeiture --------------------------------------------------
+# A charge's contributor share waits in pending for the holding period, then clears to available. While staff
+# review a quarantined device, the share of its unverified work is held for review (pending → held): held
+# earnings never clear; a release (held → pending) lets them clear as usual, and only a forfeit, which staff
+# decide, sends them (with the platform's fee) back to the customer. Every one of these follows its charge
+# (`source`), so a charge's state is derived from its follow-ups.
+
+PENDING, HELD, CLEARED, FORFEITED = "pending", "held", "cleared", "forfeited"
+_SETTLED = (Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT)
+
+
+def _earnings_state(charge: Transaction) -> str:
+    kinds = list(charge.followups.values_list("kind", flat=True))
+    if Transaction.Kind.FORFEIT in kinds:
+        return FORFEITED
+    if Transaction.Kind.CLEAR in kinds:
+        return CLEARED
+    if kinds.count(Transaction.Kind.EARNINGS_HOLD) > kinds.count(Transaction.Kind.EARNINGS_RELEASE):
+        return HELD
+    return PENDING
+
+
+def _share(charge: Transaction) -> tuple[Account | None, int]:
+    """The contributor's pending account and share of a charge (None, 0 when the share was nothing)."""
+    entry = charge.entries.filter(account__kind=Kind.CONTRIBUTOR_PENDING).select_related("account").first()
+    return (entry.account, entry.amount) if entry is not None else (None, 0)
+
+
+def _open_charges(units):
+    """The charges for `units` whose earnings have neither cleared nor been forfeited."""
+    return (Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit__in=units)
+            .exclude(followups__kind__in=_SETTLED).order_by("id").values_list("id", flat=True))
+
 
 def earnings_forfeit(*, unit, staff, reason: str) -> Transaction:
-    """Work found fraudulent before its earnings cleared: the contributor's pending share and the platform's fee
-    for the unit go back to the customer's balance. Refused once the earnings have cleared (they may be paid)."""
+    """Work found fraudulent (staff decided, or a check confirmed it) before its earnings cleared: the
+    contributor's share, pending or held for review, and the platform's fee for the unit go back to the
+    customer's balance. Refused once the earnings have cleared (they may be paid)."""
     if not reason.strip():
         raise InvalidInput("Say why the work is forfeited.", code="reason_required")
     with transaction.atomic():
         charge = Transaction.objects.select_for_update().filter(kind=Transaction.Kind.CHARGE, unit=unit).first()
         if charge is None:
             raise NotFound(f"Unit {unit.pk} was never charged.")
-        done = charge.followups.filter(kind__in=[Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT]).first()
-        if done is not None and done.kind == Transaction.Kind.FORFEIT:
-            return done
-        if done is not None:
+        state = _earnings_state(charge)
+        if state == FORFEITED:
+            return charge.followups.get(kind=Transaction.Kind.FORFEIT)
+        if state == CLEARED:
             raise Conflict(f"The earnings for unit {unit.pk} have already cleared; they can no longer be forfeited.",
                            code="already_cleared")
-        entries = list(charge.entries.select_related("account").exclude(account__kind=Kind.CUSTOMER_HELD))
-        refund = sum(e.amount for e in entries)
+        lines = []
+        for e in charge.entries.select_related("account").exclude(account__kind=Kind.CUSTOMER_HELD):
+            account = e.account
+            if state == HELD and account.kind == Kind.CONTRIBUTOR_PENDING:  # the share sits in held for now
+                account = account_for(kind=Kind.CONTRIBUTOR_HELD, owner=account.owner)
+            lines.append((account, -e.amount))
+        refund = -sum(n for _, n in lines)
         return ledger_post(
             key=f"forfeit:charge:{charge.pk}", kind=Transaction.Kind.FORFEIT, source=charge, job=charge.job,
-            unit=unit, flops=charge.flops, created_by=staff, memo=f"unit {unit.pk} forfeited: {reason}",
-            lines=[*[(e.account, -e.amount) for e in entries],
-                   (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=charge.job.owner), refund)])
+            unit=unit, flops=charge.flops, created_by=staff,
+            memo=f"forfeited: work found fraudulent ({reason.strip()})",
+            lines=[*lines, (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=charge.job.owner), refund)])
 
 
-def earnings_forfeit_units(*, units, reason: str, staff=None) -> list[Transaction]:
-    """Forfeit every charged unit among `units` whose earnings have not cleared yet (a quarantined device's
-    work): each goes back to its customer. Cleared earnings stay paid: the holding period is the window."""
-    forfeited = []
-    for unit in units.filter(pk__in=Transaction.objects.filter(kind=Transaction.Kind.CHARGE).values("unit_id")):
-        try:
-            forfeited.append(earnings_forfeit(unit=unit, staff=staff, reason=reason))
-        except Conflict:  # already cleared
-            continue
-    return forfeited
+def earnings_hold_units(*, units, reason: str) -> list[Transaction]:
+    """Hold the pending earnings of the charged units among `units` for review (a quarantined device's unverified
+    work): they stay the contributor's but do not clear until staff release or forfeit them. Earnings that
+    cleared stay paid, and held ones stay held: calling this again moves nothing. Returns the holds posted now."""
+    holds = []
+    for charge_id in list(_open_charges(units)):
+        with transaction.atomic():
+            charge = Transaction.objects.select_for_update().get(pk=charge_id)
+            if _earnings_state(charge) != PENDING:
+                continue
+            pending, amount = _share(charge)
+            lines = [] if pending is None else [
+                (pending, -amount), (account_for(kind=Kind.CONTRIBUTOR_HELD, owner=pending.owner), amount)]
+            # A charge may be held, released and held again (a second quarantine): one key per hold.
+            n = charge.followups.filter(kind=Transaction.Kind.EARNINGS_HOLD).count()
+            holds.append(ledger_post(
+                key=f"earnings_hold:charge:{charge.pk}:{n}", kind=Transaction.Kind.EARNINGS_HOLD, source=charge,
+                job=charge.job, unit=charge.unit, flops=charge.flops, lines=lines,
+                memo=f"held for review: {reason.strip()}"))
+    return holds
+
+
+def _held_charges(units) -> list[Transaction]:
+    return [charge for charge in Transaction.objects.filter(pk__in=list(_open_charges(units)))
+            if _earnings_state(charge) == HELD]
+
+
+def earnings_release_held(*, units, staff, reason: str = "") -> list[Transaction]:
+    """Staff found nothing wrong (a quarantine lifted): the held earnings of `units` go back to pending and clear
+    after their holding period as usual. Calling this again moves nothing. Returns the releases posted now."""
+    releases = []
+    for held in _held_charges(units):
+        with transaction.atomic():
+            charge = Transaction.objects.select_for_update().get(pk=held.pk)
+            if _earnings_state(charge) != HELD:
+                continue
+            pending, amount = _share(charge)
+            lines = [] if pending is None else [
+                (account_for(kind=Kind.CONTRIBUTOR_HELD, owner=pending.owner), -amount), (pending, amount)]
+            n = charge.followups.filter(kind=Transaction.Kind.EARNINGS_RELEASE).count()
+            releases.append(ledger_post(
+                key=f"earnings_release:charge:{charge.pk}:{n}", kind=Transaction.Kind.EARNINGS_RELEASE, source=charge,
+                job=charge.job, unit=charge.unit, flops=charge.flops, lines=lines, created_by=staff,
+                memo="released after review" + (f" ({reason.strip()})" if reason.strip() else "")))
+    return releases
+
+
+def earnings_forfeit_held(*, units, staff, reason: str) -> list[Transaction]:
+    """Staff decided the held work was fraudulent: the held earnings of `units` go back to their customers
+    (earnings_forfeit, unit by unit). Pending earnings that were never held are left alone."""
+    if not reason.strip():
+        raise InvalidInput("Say why the held earnings are forfeited.", code="reason_required")
+    forfeits = []
+    for held in _held_charges(units):
+        with transaction.atomic():
+            charge = Transaction.objects.select_for_update().get(pk=held.pk)
+            if _earnings_state(charge) == HELD:  # not released meanwhile
+                forfeits.append(earnings_forfeit(unit=charge.unit, staff=staff, reason=reason))
+    return forfeits
 
 
 def earnings_clear(*, now: datetime | None = None) -> int:
     """Pending earnings older than the holding period become available, charge by charge (until then, work
-    found fraudulent can still be forfeited). Safe to run any number of times, from any number of processes.
-    Returns how many charges were cleared."""
+    found fraudulent can still be forfeited); earnings held for review wait for their release. Safe to run any
+    number of times, from any number of processes. Returns how many charges were cleared."""
     cutoff = (now or timezone.now()) - timedelta(seconds=settings.MUNINN_EARNINGS_HOLD_SECONDS)
-    settled = [Transaction.Kind.CLEAR, Transaction.Kind.FORFEIT]
-    due = (Transaction.objects.filter(kind=Transaction.Kind.CHARGE, created_at__lte=cutoff)
-           .exclude(followups__kind__in=settled).values_list("id", flat=True))
+    kind = Transaction.Kind
+    due = (Transaction.objects.filter(kind=kind.CHARGE, created_at__lte=cutoff).exclude(followups__kind__in=_SETTLED)
+           .annotate(holds=Count("followups", filter=Q(followups__kind=kind.EARNINGS_HOLD)),
+                     releases=Count("followups", filter=Q(followups__kind=kind.EARNINGS_RELEASE)))
+           .filter(holds__lte=F("releases")).values_list("id", flat=True))
     cleared = 0
     for charge_id in list(due):
         with transaction.atomic():
             charge = Transaction.objects.select_for_update().get(pk=charge_id)
-            if charge.followups.filter(kind__in=settled).exists():
+            if _earnings_state(charge) != PENDING:
                 continue
-            pending = charge.entries.filter(account__kind=Kind.CONTRIBUTOR_PENDING).select_related("account").first()
-            lines = []
-            if pending is not None:
-                available = account_for(kind=Kind.CONTRIBUTOR_AVAILABLE, owner=pending.account.owner)
-                lines = [(pending.account, -pending.amount), (available, pending.amount)]
-            ledger_post(key=f"clear:charge:{charge.pk}", kind=Transaction.Kind.CLEAR, source=charge, job=charge.job,
+            pending, amount = _share(charge)
+            lines = [] if pending is None else [
+                (pending, -amount), (account_for(kind=Kind.CONTRIBUTOR_AVAILABLE, owner=pending.owner), amount)]
+            ledger_post(key=f"clear:charge:{charge.pk}", kind=kind.CLEAR, source=charge, job=charge.job,
                         unit=charge.unit, flops=charge.flops, lines=lines,
                         memo=f"earnings cleared: job {charge.job_id} unit {charge.unit_id}")
             cleared += 1

@@ -22,8 +22,9 @@ from .forms import AmountForm
 from .models import Account, Quote
 
 CUSTOMER_ACCOUNTS = (Account.Kind.CUSTOMER_AVAILABLE, Account.Kind.CUSTOMER_HELD)
-CONTRIBUTOR_ACCOUNTS = (Account.Kind.CONTRIBUTOR_PENDING, Account.Kind.CONTRIBUTOR_AVAILABLE,
-                        Account.Kind.CONTRIBUTOR_IN_REVIEW, Account.Kind.CONTRIBUTOR_PAID_OUT)
+CONTRIBUTOR_ACCOUNTS = (Account.Kind.CONTRIBUTOR_PENDING, Account.Kind.CONTRIBUTOR_HELD,
+                        Account.Kind.CONTRIBUTOR_AVAILABLE, Account.Kind.CONTRIBUTOR_IN_REVIEW,
+                        Account.Kind.CONTRIBUTOR_PAID_OUT)
 
 
 def _fmt(nanos: int) -> str:

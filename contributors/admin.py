@@ -81,6 +81,13 @@ from billing.models import Payout, PayoutAccount, Transaction  # noqa: E402
 from muninn.errors import MuninnError  # noqa: E402
 
 
+def _held(charge: Transaction) -> bool:
+    """Whether the charge's earnings are held for review now (from the prefetched follow-ups)."""
+    kinds = [f.kind for f in charge.followups.all()]
+    return (Transaction.Kind.FORFEIT not in kinds
+            and kinds.count(Transaction.Kind.EARNINGS_HOLD) > kinds.count(Transaction.Kind.EARNINGS_RELEASE))
+
+
 def payout_evidence(payout: Payout) -> dict:
     """What a reviewer needs: the contributor's devices with their record, the charges behind the earnings with
     the receipts that were accepted for them, rejected results, earlier payouts."""
@@ -99,6 +106,7 @@ def payout_evidence(payout: Payout) -> dict:
             "receipt": Receipt.objects.filter(unit_id=txn.unit_id, status=Receipt.Status.ACCEPTED).first(),
             "cleared": any(f.kind == Transaction.Kind.CLEAR for f in txn.followups.all()),
             "forfeited": any(f.kind == Transaction.Kind.FORFEIT for f in txn.followups.all()),
+            "held": _held(txn),
         })
     return {
         "devices": devices, "charges": charges,

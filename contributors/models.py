@@ -95,13 +95,17 @@ class Receipt(models.Model):
 
 
 class DeviceEvent(models.Model):
-    """The audit trail of a device's standing: failed results, quarantines and who lifted them, and why."""
+    """The audit trail of a device's standing: failed results, quarantines and who lifted them, what happened to
+    the earnings held while it was quarantined and who decided, and why."""
 
     class Kind(models.TextChoices):
         FAILURE = "failure", "Failed result"
         REFUSED = "refused", "Refused request (not its unit, too large)"
         QUARANTINED = "quarantined", "Quarantined"
         LIFTED = "lifted", "Quarantine lifted"
+        EARNINGS_HELD = "earnings_held", "Unverified earnings held for review"
+        RELEASED = "released", "Held earnings released"
+        FORFEITED = "forfeited", "Held earnings forfeited (fraud)"
 
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)

@@ -5,6 +5,7 @@ from django.conf import settings
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
+from billing import selectors as ledger
 from jobs.models import WorkUnit
 
 from .models import Device, Lease, Receipt
@@ -84,3 +85,40 @@ def job_devices(*, job) -> list[dict]:
     rows = (Receipt.objects.filter(unit__round__job=job, status=Receipt.Status.ACCEPTED)
             .values("device_id", "device__name").annotate(units=Count("id")).order_by("device_id"))
     return [{"device": r["device_id"], "name": r["device__name"], "units": r["units"]} for r in rows]
+
+
+def receipt_was_checked(receipt: Receipt) -> bool:
+    """Whether a validator checked the result and it passed: a "reexecution" or "segment_check" entry in its
+    verification with "passed": true, or (receipts from before "passed" was recorded) a re-execution whose
+    distance was within its tolerance. Accepted without any such check is unverified. The one place that says
+    what counts as verified."""
+    verification = receipt.verification or {}
+    for key in ("reexecution", "segment_check"):
+        check = verification.get(key)
+        if not isinstance(check, dict):
+            continue
+        if "passed" in check:
+            if check["passed"] is True:
+                return True
+        elif key == "reexecution" and isinstance(check.get("distance"), (int, float)) \
+                and isinstance(check.get("tolerance"), (int, float)) and check["distance"] <= check["tolerance"]:
+            return True
+    return False
+
+
+def device_units(device: Device) -> QuerySet[WorkUnit]:
+    """The units whose accepted result came from the device: the work its earnings are for."""
+    return WorkUnit.objects.filter(receipts__device=device, receipts__status=Receipt.Status.ACCEPTED).distinct()
+
+
+def device_unverified_units(device: Device) -> QuerySet[WorkUnit]:
+    """The device's accepted units that no validator checked and whose earnings have not cleared yet."""
+    receipts = Receipt.objects.filter(device=device, status=Receipt.Status.ACCEPTED,
+                                      unit_id__in=ledger.units_with_open_earnings(units=device_units(device)))
+    return WorkUnit.objects.filter(pk__in=[r.unit_id for r in receipts.only("unit_id", "verification")
+                                           if not receipt_was_checked(r)])
+
+
+def device_earnings_held(device: Device) -> int:
+    """How much of the device's earnings is held for review now."""
+    return ledger.earnings_held(units=device_units(device))

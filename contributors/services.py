@@ -5,13 +5,15 @@ import logging
 import secrets
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from billing import money
 from jobs import services as jobs
 from jobs.models import WorkUnit
-from muninn.errors import Conflict, MuninnError, NotFound
+from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
 
 from . import peers, reputation, selectors, tolerances
 from .authentication import token_hash, touch
@@ -113,9 +115,9 @@ def device_record_success(*, device: Device, work_samples: int, flops: int, seco
 def device_record_failure(*, device: Device, reason: str, unit_id: int | None = None) -> bool:
     """A failure confirmed on `unit_id` (a segment re-trained differently, a checkpoint that is not what was
     committed, an unanswered challenge, a forged or inconsistent receipt): the streak resets, and failures
-    on QUARANTINE_AFTER distinct units since the last lifted quarantine quarantine the device. Checks that
-    honest training can fail never come here: they send the result to a segment check instead. Returns True
-    when this failure quarantined it."""
+    on QUARANTINE_AFTER distinct units since the last lifted quarantine quarantine the device and hold the
+    earnings of its unverified work for review. Checks that honest training can fail never come here: they
+    send the result to a segment check instead. Returns True when this failure quarantined it."""
     with transaction.atomic():
         locked = Device.objects.select_for_update().get(pk=device.pk)
         locked.verified_streak, locked.failures = 0, locked.failures + 1
@@ -126,7 +128,7 @@ def device_record_failure(*, device: Device, reason: str, unit_id: int | None = 
             locked.quarantine_reason = f"failures confirmed on {_failed_units(locked)} units; last: {reason}"[:500]
             DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.QUARANTINED,
                                        reason=locked.quarantine_reason)
-            _hold_unverified_earnings(locked, reason=locked.quarantine_reason)
+            _hold_unverified_earnings(locked, f"device {locked.pk} quarantined: {locked.quarantine_reason}")
         locked.save(update_fields=["verified_streak", "failures", "quarantined_at", "quarantine_reason"])
     if quarantine:
         log.warning("device %s quarantined: %s", device.pk, reason)
@@ -142,16 +144,29 @@ def _failed_units(device: Device) -> int:
             + failures.filter(unit_id__isnull=True).count())
 
 
-def _hold_unverified_earnings(device: Device, *, reason: str) -> None:
+def _hold_unverified_earnings(device: Device, reason: str) -> None:
+    """A device quarantined: its accepted work that no validator checked is held for review until staff decide
+    (released when the quarantine is lifted, or forfeited as fraud); its verified work keeps its earnings, and
+    cleared earnings stay paid. Nothing is forfeited on a quarantine alone."""
     from billing import services as billing
 
-    billing.earnings_forfeit_units(units=WorkUnit.objects.filter(
-        receipts__device=device, receipts__status="accepted").distinct(),
-        reason=f"device {device.pk} quarantined: {reason}")
+    held = billing.earnings_hold_units(units=selectors.device_unverified_units(device), reason=reason)
+    if held:
+        amount = sum(e.amount for txn in held for e in txn.entries.all() if e.amount > 0)
+        DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.EARNINGS_HELD,
+                                   reason=f"earnings of {len(held)} unverified unit(s) held for review "
+                                          f"({_fmt(amount)})")
+
+
+def _fmt(nanos: int) -> str:
+    return money.format_money(nanos, settings.MUNINN_CURRENCY)
 
 
 def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
-    """Staff lift a quarantine after review; the device starts again as a new one (checked every time)."""
+    """Staff lift a quarantine after review; the device starts again as a new one (checked every time), and the
+    earnings held while it was quarantined go back to pending, to clear as usual."""
+    from billing import services as billing
+
     with transaction.atomic():
         locked = Device.objects.select_for_update().get(pk=device.pk)
         if locked.quarantined_at is None:
@@ -160,7 +175,33 @@ def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
         locked.failures = locked.verified_streak = 0
         locked.save(update_fields=["quarantined_at", "quarantine_reason", "failures", "verified_streak"])
         DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.LIFTED, reason=reason[:500], actor=staff)
+        released = billing.earnings_release_held(units=selectors.device_units(locked), staff=staff,
+                                                 reason=f"quarantine of device {locked.pk} lifted: {reason}")
+        if released:
+            amount = sum(e.amount for txn in released for e in txn.entries.all() if e.amount > 0)
+            DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.RELEASED, actor=staff,
+                                       reason=f"held earnings of {len(released)} unit(s) released ({_fmt(amount)})")
     return locked
+
+
+def device_forfeit_held_earnings(*, device: Device, staff, reason: str) -> list:
+    """Staff decided the device's held work was fraudulent: its held earnings go back to the customers, and the
+    contributor's statement says so. Only what is held (unverified work of a quarantined device) is forfeited."""
+    from billing import services as billing
+
+    if not reason.strip():
+        raise InvalidInput("Say why the held earnings are forfeited: it is kept in the device's record and shown "
+                           "on the contributor's statement.", code="reason_required")
+    with transaction.atomic():
+        locked = Device.objects.select_for_update().get(pk=device.pk)
+        forfeits = billing.earnings_forfeit_held(units=selectors.device_units(locked), staff=staff, reason=reason)
+        if not forfeits:
+            raise Conflict("This device has no earnings held for review.", code="nothing_held")
+        amount = sum(e.amount for txn in forfeits for e in txn.entries.all() if e.amount > 0)
+        DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.FORFEITED, actor=staff,
+                                   reason=f"held earnings of {len(forfeits)} unit(s) forfeited, {_fmt(amount)} "
+                                          f"refunded: {reason}"[:500])
+    return forfeits
 
 
 def _throughput(current: float, *, measured: float, replace: bool) -> float:

@@ -28,8 +28,11 @@ from . import selectors, services
 from .admin import payout_evidence
 from .models import Device, DeviceEvent
 
-EARNINGS = (("pending", Account.Kind.CONTRIBUTOR_PENDING), ("available", Account.Kind.CONTRIBUTOR_AVAILABLE),
-            ("in review", Account.Kind.CONTRIBUTOR_IN_REVIEW), ("paid out", Account.Kind.CONTRIBUTOR_PAID_OUT))
+# "Held for review" is earnings of a quarantined device's unverified work, waiting for staff; "payout in review"
+# is a payout the contributor asked for, waiting for staff. Two different reviews, two names.
+EARNINGS = (("pending", Account.Kind.CONTRIBUTOR_PENDING), ("held for review", Account.Kind.CONTRIBUTOR_HELD),
+            ("available", Account.Kind.CONTRIBUTOR_AVAILABLE), ("payout in review", Account.Kind.CONTRIBUTOR_IN_REVIEW),
+            ("paid out", Account.Kind.CONTRIBUTOR_PAID_OUT))
 
 
 def device_state(device: Device, now=None) -> str:
@@ -57,7 +60,8 @@ def contribute(request):
     user = request.user
     now = timezone.now()
     devices = [{"device": d, "state": device_state(d, now), "caps": d.capabilities or {},
-                "events": list(d.events.all()[:3])}
+                "events": list(d.events.all()[:3]),
+                "held": selectors.device_earnings_held(d) if d.quarantined_at else 0}
                for d in selectors.devices_for(owner=user).prefetch_related("events")]
     balances = ledger.balances_for(user=user)
     context = {
@@ -129,8 +133,9 @@ def staff_home(request):
             "balances": [(Account.Kind(kind).label, value) for kind, value in evidence["balances"]],
             "payout_account": evidence["payout_account"], "earlier": len(evidence["earlier"]),
         })
-    quarantined = Device.objects.filter(quarantined_at__isnull=False).select_related("owner").order_by(
-        "-quarantined_at")
+    quarantined = [{"device": d, "held": selectors.device_earnings_held(d)}
+                   for d in Device.objects.filter(quarantined_at__isnull=False).select_related("owner").order_by(
+                       "-quarantined_at")]
     events = DeviceEvent.objects.select_related("device", "actor").order_by("-at", "-id")[:30]
     return render(request, "contributors/staff.html", {"queue": queue, "quarantined": quarantined,
                                                         "events": events})
@@ -150,4 +155,20 @@ def device_lift_quarantine(request, device_id: int):
         messages.error(request, e.message)
     else:
         messages.success(request, f"Lifted the quarantine of {device.name} (#{device.pk}).")
+    return redirect("staff-home")
+
+
+@require_POST
+@role_required("staff")
+def device_forfeit_held(request, device_id: int):
+    """Staff decided a quarantined device's held work was fraudulent: its held earnings go back to the customers."""
+    device = get_object_or_404(Device, pk=device_id)
+    try:
+        forfeits = services.device_forfeit_held_earnings(device=device, staff=request.user,
+                                                         reason=request.POST.get("reason", ""))
+    except MuninnError as e:
+        messages.error(request, e.message)
+    else:
+        messages.success(request, f"Forfeited the held earnings of {len(forfeits)} unit(s) of {device.name} "
+                                  f"(#{device.pk}) and refunded the customers.")
     return redirect("staff-home")

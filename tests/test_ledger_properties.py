@@ -1,7 +1,7 @@
 """Property-based: random sequences of top-ups, quotes, job starts, verified and rejected units, cancellations,
-clearing, payout requests, approvals, rejections and failed transfers. After every step the books balance, no
-person's balance is negative, no job is charged more than its quote, and every HU credited to a contributor
-traces to an accepted receipt."""
+earnings held for review and released or forfeited, clearing, payout requests, approvals, rejections and failed
+transfers. After every step the books balance, no person's balance is negative, no job is charged more than its
+quote, every HU credited to a contributor traces to an accepted receipt, and held earnings never clear."""
 from __future__ import annotations
 
 import itertools
@@ -154,6 +154,25 @@ class MoneyMachine(RuleBasedStateMachine):
                                       reason="found fraudulent")
 
     @precondition(lambda self: _balance(self, Account.Kind.CONTRIBUTOR_PENDING) > 0)
+    @rule()
+    def hold_for_review(self):  # the device is quarantined: its uncleared earnings are held while staff review it
+        services.earnings_hold_units(units=WorkUnit.objects.filter(round__job__owner=self.customer),
+                                     reason="device quarantined")
+
+    @precondition(lambda self: _balance(self, Account.Kind.CONTRIBUTOR_HELD) > 0)
+    @rule(pick=PICK, fraud=st.booleans())
+    def review(self, pick, fraud):  # staff decide on one held unit: fraud (forfeit) or not (release)
+        held = list(Transaction.objects.filter(kind=Transaction.Kind.EARNINGS_HOLD, job__owner=self.customer)
+                    .order_by("unit_id").values_list("unit_id", flat=True).distinct())
+        if not held:
+            return
+        units = WorkUnit.objects.filter(pk=held[pick % len(held)])
+        if fraud:
+            services.earnings_forfeit_held(units=units, staff=self.staff, reason="found fraudulent")
+        else:
+            services.earnings_release_held(units=units, staff=self.staff, reason="reviewed")
+
+    @precondition(lambda self: _balance(self, Account.Kind.CONTRIBUTOR_PENDING) > 0)
     @rule(wait=st.booleans())
     def clear_earnings(self, wait):
         if wait:  # the beat task runs once the holding period has passed
@@ -213,12 +232,21 @@ class MoneyMachine(RuleBasedStateMachine):
     @invariant()
     def contributor_money_adds_up(self):
         b = ledger.balances_for(user=self.contributor)
-        earned = sum(b.get(k, 0) for k in (Account.Kind.CONTRIBUTOR_PENDING, Account.Kind.CONTRIBUTOR_AVAILABLE,
-                                           Account.Kind.CONTRIBUTOR_IN_REVIEW, Account.Kind.CONTRIBUTOR_PAID_OUT))
-        pending = Entry.objects.filter(account__owner=self.contributor, account__kind=Account.Kind.CONTRIBUTOR_PENDING)
-        credited = pending.filter(transaction__kind=Transaction.Kind.CHARGE).aggregate(s=Sum("amount"))["s"] or 0
-        forfeited = -(pending.filter(transaction__kind=Transaction.Kind.FORFEIT).aggregate(s=Sum("amount"))["s"] or 0)
+        earned = sum(b.get(k, 0) for k in (Account.Kind.CONTRIBUTOR_PENDING, Account.Kind.CONTRIBUTOR_HELD,
+                                           Account.Kind.CONTRIBUTOR_AVAILABLE, Account.Kind.CONTRIBUTOR_IN_REVIEW,
+                                           Account.Kind.CONTRIBUTOR_PAID_OUT))
+        entries = Entry.objects.filter(account__owner=self.contributor)
+        credited = entries.filter(account__kind=Account.Kind.CONTRIBUTOR_PENDING,
+                                  transaction__kind=Transaction.Kind.CHARGE).aggregate(s=Sum("amount"))["s"] or 0
+        forfeited = -(entries.filter(transaction__kind=Transaction.Kind.FORFEIT).aggregate(s=Sum("amount"))["s"] or 0)
         assert earned == credited - forfeited
+
+    @invariant()
+    def held_earnings_never_clear(self):
+        for charge in Transaction.objects.filter(kind=Transaction.Kind.CHARGE, job__owner=self.customer):
+            kinds = list(charge.followups.values_list("kind", flat=True))
+            held = kinds.count(Transaction.Kind.EARNINGS_HOLD) > kinds.count(Transaction.Kind.EARNINGS_RELEASE)
+            assert not (held and Transaction.Kind.CLEAR in kinds), kinds
 
 
 @pytest.fixture
@@ -246,6 +274,9 @@ def test_money_invariants_hold_along_every_path(market_settings):
         ("quote", {"rounds": 3, "epochs": 1}), ("start_job", {"pick": 2}), ("start_job", {"pick": 2}),  # used
         ("rejected_unit", {}), ("verified_units", {"units": 1}), ("forfeit", {"pick": 0}),
         ("cancel_a_job", {"coin": 0}),
+        ("hold_for_review", {}), ("hold_for_review", {}), ("clear_earnings", {"wait": True}),  # held: nothing clears
+        ("review", {"pick": 0, "fraud": True}), ("review", {"pick": 1, "fraud": False}),
+        ("review", {"pick": 0, "fraud": False}),
         ("clear_earnings", {"wait": False}), ("clear_earnings", {"wait": True}),
         ("request_payout", {"percent": 200}), ("request_payout", {"percent": 30}), ("approve", {"coin": 1, "pick": 0}),
         ("request_payout", {"percent": 30}), ("approve", {"coin": 0, "pick": 0}),
@@ -254,7 +285,8 @@ def test_money_invariants_hold_along_every_path(market_settings):
     for name, kwargs in steps:
         getattr(machine, name)(**kwargs)
         for invariant_name in ("books_balance", "no_person_is_negative", "no_job_costs_more_than_its_quote",
-                               "every_credited_hu_traces_to_an_accepted_receipt", "contributor_money_adds_up"):
+                               "every_credited_hu_traces_to_an_accepted_receipt", "contributor_money_adds_up",
+                               "held_earnings_never_clear"):
             getattr(machine, invariant_name)()
 
     kinds = set(Transaction.objects.values_list("kind", flat=True))

@@ -13,6 +13,7 @@ from billing.models import Transaction
 from contributors import challenges, checks, tolerances
 from contributors import services as contributors
 from contributors.models import Device, DeviceEvent, Receipt
+from contributors.selectors import receipt_was_checked
 from jobs import services as jobs_services
 from jobs.models import Job, WorkUnit
 
@@ -313,6 +314,7 @@ def test_confirmed_failures_on_three_units_quarantine_the_device_but_one_unit_fa
     device = make_device("turncoat")
     first_job = create_job(customer_api, digits_dataset["id"], rounds=4)
     assert device.work_one()  # one honest, checked and credited unit first
+    assert receipt_was_checked(Receipt.objects.get(device=device.device, status=Receipt.Status.ACCEPTED))
     earned = ledger.balances_for(user=device.device.owner)["contributor_pending"]
     assert earned > 0
     for _ in range(3):  # the same unit, refused three times
