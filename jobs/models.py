@@ -195,6 +195,9 @@ class WorkUnit(models.Model):
     # devices never bounce it between them in a loop.
     rejections = models.PositiveIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True)
+    # The device whose result was refused last: it waits MUNINN_UNIT_BACKOFF_MAX_SECONDS more than the others, so
+    # a device that keeps failing a unit cannot keep it from the rest by asking faster.
+    refused_device_id = models.BigIntegerField(null=True, blank=True)
 
     result_sha256 = models.CharField(max_length=64, blank=True)
     result_samples = models.PositiveIntegerField(null=True, blank=True)

@@ -479,7 +479,8 @@ def _runnable_on(resources: dict[str, int]) -> Q:
 
 def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int | None = None) -> WorkUnit | None:
     """Lease one queued unit the device can run (see _runnable_on): first one sized for it, then a
-    straggler's backup (the round waits on it), then one nobody else has reserved; never the backup of a
+    straggler's backup (the round waits on it), then one nobody else has reserved; never a unit in its backoff
+    after a refusal (nor, for a minute more, one refused from this device); never the backup of a
     unit this device is itself running. Never the same unit to two devices: rows are locked with SKIP
     LOCKED where the database has it, and the lease itself is a conditional update on the status."""
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
@@ -488,7 +489,9 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
         queued = WorkUnit.objects.filter(
             _runnable_on(resources), Q(not_before__isnull=True) | Q(not_before__lte=now),
             status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
-        ).exclude(backup_of__leased_device_id=device_id)
+        ).exclude(backup_of__leased_device_id=device_id).exclude(
+            refused_device_id=device_id,
+            not_before__gt=now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS))
         unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
         # Passes in id order, each an index walk that stops at the first rows that fit: a claim costs the
         # same with a hundred or a hundred thousand units queued (one ORDER BY putting the device's own
@@ -594,11 +597,13 @@ def unit_backoff_seconds(rejections: int) -> float:
 
 
 def _requeue_after_refusal(unit: WorkUnit) -> dict:
-    """The fields that put a refused unit back in the queue, open to any device, after its backoff."""
+    """The fields that put a refused unit back in the queue, open to any device, after its backoff (the device
+    refused waits longer: see unit_lease)."""
     rejections = unit.rejections + 1
     return {"status": WorkUnit.Status.QUEUED, "lease_token": None, "lease_expires_at": None,
             "preferred_device_id": None, "reserved_until": None, "rejections": rejections,
-            "not_before": timezone.now() + timedelta(seconds=unit_backoff_seconds(rejections))}
+            "not_before": timezone.now() + timedelta(seconds=unit_backoff_seconds(rejections)),
+            "refused_device_id": unit.leased_device_id}
 
 
 def unit_release(*, unit_id: int, lease_token: uuid.UUID) -> bool:
