@@ -131,11 +131,7 @@ def _check_divergence(receipt: Receipt) -> Receipt:
 
 def _diverged(receipt: Receipt, evidence: dict, job) -> Receipt:
     """The training itself diverges: fail the job (its unused hold is released), penalise no device."""
-    lr = job.hparams.get("lr")
-    message = (f"Training diverges: the loss became infinite or NaN in round {receipt.unit.round.number} "
-               f"with learning rate {lr:g}. Lower the learning rate (try {lr / 10:g}) and start a new job; "
-               f"the unused part of the hold was released." if isinstance(lr, (int, float)) else
-               "Training diverges: the loss became infinite or NaN. Lower the learning rate and start a new job.")
+    message = jobs.diverging_message(job, receipt.unit.round.number)
     with transaction.atomic():
         locked = Receipt.objects.select_for_update().get(pk=receipt.pk)
         if locked.status == Receipt.Status.PENDING:

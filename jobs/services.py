@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
@@ -292,6 +293,9 @@ def round_aggregate(*, round_id: int) -> Round:
             job.outer_momentum_sha256 = storage.blob_put(tensors.state_dict_to_bytes(new_momentum))
 
         evaluation = _evaluate(job, new_state)
+        if not math.isfinite(evaluation["loss"]):  # verified updates that average to a diverged model
+            _job_end(job, Job.Status.FAILED, diverging_message(job, rnd.number))
+            return rnd
         rnd.metrics = {
             **{f"test_{name}": value for name, value in evaluation.items()},
             "train_loss": sum(u.result_metrics.get("loss_after", 0.0) * n for u, n in zip(accepted, samples))
@@ -319,6 +323,16 @@ def _combine(job: Job, states: list, samples: list[int], global_state: dict) -> 
     if rule == Job.Aggregation.TRIMMED_MEAN and len(states) < 5:
         rule = Job.Aggregation.MEDIAN if len(states) >= 3 else Job.Aggregation.FEDAVG
     return robust.aggregate(rule, states, samples, global_state)
+
+
+def diverging_message(job: Job, round_number: int) -> str:
+    """What a customer whose training diverges is told: the job's fault, with what to change."""
+    lr = job.hparams.get("lr")
+    if not isinstance(lr, (int, float)):
+        return "Training diverges: the loss became infinite or NaN. Lower the learning rate and start a new job."
+    return (f"Training diverges: the loss became infinite or NaN in round {round_number} with learning rate "
+            f"{lr:g}. Lower the learning rate (try {lr / 10:g}) and start a new job; the unused part of the hold "
+            f"was released.")
 
 
 def job_scheme(job: Job) -> algorithms.Scheme:

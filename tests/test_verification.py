@@ -310,7 +310,7 @@ def test_a_refused_unit_waits_before_it_is_handed_out_again(customer_api, digits
 
 def test_confirmed_failures_on_three_units_quarantine_the_device_but_one_unit_failing_thrice_does_not(
         customer_api, digits_dataset, make_device, staff, settings):
-    settings.MUNINN_UNIT_BACKOFF_SECONDS = 0
+    settings.MUNINN_UNIT_BACKOFF_SECONDS = settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS = 0  # straight back, for the test
     device = make_device("turncoat")
     first_job = create_job(customer_api, digits_dataset["id"], rounds=4)
     assert device.work_one()  # one honest, checked and credited unit first
@@ -420,3 +420,22 @@ def test_the_site_counts_a_units_steps_itself(customer_api, digits_dataset, make
     assert jobs_services.unit_steps(unit) == 2 * -(-unit.samples // 32)
     Job.objects.filter(pk=job["id"]).update(inner_steps=7)
     assert jobs_services.unit_steps(WorkUnit.objects.get(pk=unit.pk)) == 7
+
+
+def test_a_round_whose_verified_updates_average_to_a_diverged_model_fails_the_job(customer_api, digits_dataset,
+                                                                                   make_device, customer):
+    from jobs import storage
+
+    make_device()
+    job = create_job(customer_api, digits_dataset["id"], rounds=3)
+    unit = WorkUnit.objects.select_related("round").get(round__job_id=job["id"])
+    glob = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
+    blown = {k: v * 1e30 if v.is_floating_point() else v for k, v in glob.items()}  # finite, but far too large
+    WorkUnit.objects.filter(pk=unit.pk).update(status=WorkUnit.Status.ACCEPTED, result_samples=unit.samples,
+                                               result_sha256=storage.blob_put(tensors.state_dict_to_bytes(blown)))
+
+    jobs_services.round_aggregate(round_id=unit.round_id)
+
+    failed = Job.objects.get(pk=job["id"])
+    assert failed.status == Job.Status.FAILED and failed.error.startswith("Training diverges: the loss became")
+    assert ledger.job_money(job=failed)["held"] == 0
