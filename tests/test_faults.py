@@ -30,6 +30,8 @@ from django.db.models import Q
 from django.utils import timezone
 from muninn_worker import codec, signing, tensors, training, zoo
 from muninn_worker.api import ApiClient
+from muninn_worker.challenge import CheckpointStore, answer_challenge
+from muninn_worker.segments import Checkpoint
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.runner import _Heartbeat
 
@@ -419,7 +421,7 @@ def test_the_same_result_delivered_twice_is_credited_once(site):
         # As the worker client does, the lease is kept alive until the upload has its answer (a slow check
         # under load must not let it lapse).
         with _Heartbeat(client, unit["id"], unit["lease_seconds"]):
-            weights, receipt = train_like_a_worker(client, unit, s.stack.log_dir / "replayer-cache")
+            weights, receipt, store = train_like_a_worker(client, unit, s.stack.log_dir / "replayer-cache")
             delivered["unit"] = unit["id"]
             delivered["send"] = lambda: client.submit_result(unit["id"], weights, receipt)
             barrier = threading.Barrier(2)
@@ -439,6 +441,10 @@ def test_the_same_result_delivered_twice_is_credited_once(site):
                 thread.join()
             delivered["together"] = answers
             delivered["again"] = delivered["send"]()
+            # New devices are checked: the challenge (the same in every answer) is answered once
+            challenge = next((a["challenge"] for a in [*answers, delivered["again"]] if a.get("challenge")), None)
+            if challenge is not None:
+                answer_challenge(client, store, challenge)
 
     s = run_scenario(site, deliver_twice, rounds=1, clients={"replayer": {"spawn": False}, "device-2": {}})
     late = delivered["send"]()
@@ -495,8 +501,10 @@ def test_tasks_delivered_twice_change_nothing_the_first_did_not(site):
     invariants.assert_ledger_invariants(done)
 
 
-def train_like_a_worker(client: ApiClient, unit: dict, cache: Path) -> tuple[bytes, dict]:
-    """What `muninn-worker run` does with a unit, in this process: download, train, build the receipt."""
+def train_like_a_worker(client: ApiClient, unit: dict, cache: Path) -> tuple[bytes, dict, CheckpointStore]:
+    """What `muninn-worker run` does with a unit, in this process: download, train keeping a checkpoint at every
+    segment boundary, build the receipt that commits to them. Returns the upload, the receipt and the
+    checkpoints (to answer the site's challenge with)."""
     weights = client.download(unit["id"], "weights", unit["weights_sha256"], cache)
     shard = client.download(unit["id"], "shard", unit["shard_sha256"], cache)
     model = zoo.build_model(unit["template"], unit["model_config"])
@@ -504,8 +512,13 @@ def train_like_a_worker(client: ApiClient, unit: dict, cache: Path) -> tuple[byt
     model.load_state_dict(global_state)
     X, y = tensors.bytes_to_shard(shard)
     started = utc_now_iso()
-    result = training.train_local(model, X, y, **unit["train"])
+    store = CheckpointStore(cache, unit["id"])
+    train = {k: v for k, v in unit["train"].items() if k != "segment_steps"}
+    result = training.train_local(model, X, y, **train, segment_steps=unit["train"]["segment_steps"],
+                                  on_boundary=store.keep)
     payload = codec.encode_update(result.state_dict, global_state, unit["encoding"])  # as the runner uploads it
+    chain = store.seal(Checkpoint(result.state_dict, result.optimizer_state), global_state, unit["encoding"])
     receipt = build_receipt(unit, result, output_sha256=tensors.sha256_hex(payload), started_at=started,
-                            finished_at=utc_now_iso())
-    return payload, receipt
+                            finished_at=utc_now_iso(), segment_steps=unit["train"]["segment_steps"],
+                            checkpoints=chain)
+    return payload, receipt, store
