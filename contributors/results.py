@@ -29,17 +29,18 @@ SPEED_RECORD_UNITS = 3  # verified units before a device's measured speed is hel
 def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
                   signature: str, max_bytes: int) -> Receipt:
     """Check a device's result for a unit it holds; accept it (credited at once) or, when the device's
-    reputation calls for it, hold it for re-execution (credited only if the re-execution agrees).
+    reputation or the evidence calls for it, challenge segments of it (credited only if their check passes:
+    contributors.challenges, verification, peers).
 
     `weights` is the update as uploaded: the delta against the round's global weights in the job's encoding
     (muninn_worker.codec). It is decoded before every check on the tensors, and the decoded full state is what
-    is stored for aggregation and re-execution (the unit's result_sha256); the receipt's output hash is over
-    the uploaded bytes.
+    is stored for aggregation (the unit's result_sha256); the receipt's output hash is over the uploaded
+    bytes, and its chain of checkpoints must end at the decoded state.
 
     The signature is checked over `receipt_bytes`, the receipt JSON exactly as uploaded. A result that
-    fails a check is refused with the reason (kept as a rejected receipt), counts against the device, earns
-    nothing, and its unit goes back to the queue for another device. Posting a live result again (a client
-    retrying after a lost answer) returns the original receipt."""
+    fails a check no honest client fails is refused with the reason (kept as a rejected receipt), counts as a
+    failure confirmed on this unit, earns nothing, and its unit goes back to the queue after its backoff.
+    Posting a live result again (a client retrying after a lost answer) returns the original receipt."""
     touch(device)
     output_sha = storage.sha256_hex(weights)
     repeat = _live_receipt(device, unit_id, output_sha)
