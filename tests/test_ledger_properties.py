@@ -141,6 +141,8 @@ class MoneyMachine(RuleBasedStateMachine):
         assert response.status_code == 400, response.content
         WorkUnit.objects.filter(pk=unit["id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
         jobs.units_requeue_expired()
+        # time passes beyond the refused unit's backoff (and the refused device's longer one)
+        WorkUnit.objects.filter(pk=unit["id"]).update(not_before=None, refused_device_id=None)
 
     # --- earnings and payouts ----------------------------------------------------------------------------
     @precondition(lambda self: _balance(self, Account.Kind.CONTRIBUTOR_PENDING) > 0)
