@@ -120,6 +120,7 @@ def test_text_lm_then_lora_on_its_uploaded_weights_only_moves_adapters(customer_
     new_text = upload(customer_api, generated_text(seed=1, sentences=400, style="b").encode(), "new.txt",
                       tokenizer="byte")
     devices = [lm_device, make_device("b")]
+    assert lm_device.claim() is None  # it polls (still online after a slow first job): each gets a shard
 
     job = create_job(customer_api, new_text["id"], "lora", 2, base_weights=base["id"], hparams={"rank": 2})
     done = run_until_done(devices, job["id"])
