@@ -30,8 +30,41 @@ class _ChannelNorm(nn.Module):
         return (x - self.mean.view(1, -1, 1, 1)) / self.std.view(1, -1, 1, 1)
 
 
+def _windows(size: int, out: int) -> list[tuple[int, int]]:
+    """The [start, end) rows of each of `out` cells, as adaptive average pooling divides `size` rows."""
+    return [(i * size // out, -(-(i + 1) * size // out)) for i in range(out)]
+
+
+class _AdaptiveMean(nn.Module):
+    """`nn.AdaptiveAvgPool2d((out_h, out_w))` (the same windows) built from slices and means: the CUDA
+    backward of `AdaptiveAvgPool2d` has no deterministic implementation (`torch.use_deterministic_algorithms`
+    refuses it), while those of slicing and `mean` are deterministic. A rectangle's mean is the mean over its
+    columns of the means over its rows, so the rows are pooled first, then the columns. No state.
+
+    When the cells tile the map exactly (every power-of-two image size) it is one reshape and one mean."""
+
+    def __init__(self, out_h: int, out_w: int) -> None:
+        super().__init__()
+        self.out_h, self.out_w = out_h, out_w
+
+    @staticmethod
+    def _pool(x: Tensor, dim: int, out: int) -> Tensor:
+        if out == x.shape[dim]:  # one cell per row: nothing to average
+            return x
+        cells = [x.narrow(dim, start, end - start).mean(dim) for start, end in _windows(x.shape[dim], out)]
+        return torch.stack(cells, dim=dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, c, h, w = x.shape
+        if h % self.out_h == 0 and w % self.out_w == 0:
+            cells = x.reshape(n, c, self.out_h, h // self.out_h, self.out_w, w // self.out_w)
+            return cells.mean(dim=(3, 5))
+        return self._pool(self._pool(x, 2, self.out_h), 3, self.out_w)
+
+
 class SmallCNN(nn.Module):
-    """[conv 3x3 → ReLU → max-pool 2] per filter width, an adaptive average pool to at most 4x4, a Linear head."""
+    """[conv 3x3 → ReLU → max-pool 2] per filter width, an average pool to at most 4x4 (the windows of
+    adaptive average pooling), a Linear head."""
 
     task = "classification"
 
@@ -47,7 +80,7 @@ class SmallCNN(nn.Module):
                 h, w = h // 2, w // 2
             c = f
         self.features = nn.Sequential(*layers)
-        self.pool = nn.AdaptiveAvgPool2d((min(h, 4), min(w, 4)))
+        self.pool = _AdaptiveMean(min(h, 4), min(w, 4))
         self.head = nn.Linear(c * min(h, 4) * min(w, 4), num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -101,11 +134,12 @@ class ResNet18(nn.Module):
             stages.append(nn.Sequential(BasicBlock(c_in, c_out, stride), BasicBlock(c_out, c_out, 1)))
             c_in = c_out
         self.stages = nn.Sequential(*stages)
-        self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(8 * w, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.pool(self.stages(self.stem(self.norm(x)))).flatten(1))
+        # Global average pooling, spelled as the mean torch turns AdaptiveAvgPool2d(1) into: other adaptive
+        # output sizes have no deterministic CUDA backward, so no AdaptiveAvgPool2d appears in these models.
+        return self.head(self.stages(self.stem(self.norm(x))).mean(dim=(2, 3)))
 
 
 # ------------------------------------------------------------------------------------------ templates
