@@ -88,3 +88,52 @@ def test_image_templates_train_on_cuda_with_deterministic_algorithms(template, c
         torch.use_deterministic_algorithms(False)
 
     assert all(torch.equal(runs[0].state_dict[k], runs[1].state_dict[k]) for k in runs[0].state_dict)
+
+
+def _shape_images(per_class: int, size: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Circles, squares and triangles as raw 0-255 RGB pixels, channel first: the newcomer's class-folder zip."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:size, :size]
+    images, labels = [], []
+    for label in range(3):
+        for _ in range(per_class):
+            r = int(rng.integers(5, 12))
+            cx, cy = rng.integers(r, size - r, 2)
+            if label == 0:
+                mask = (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
+            elif label == 1:
+                mask = (abs(xx - cx) <= r) & (abs(yy - cy) <= r)
+            else:
+                mask = (yy >= cy - r) & (yy <= cy + r) & (abs(xx - cx) <= (yy - (cy - r)) / 2)
+            image = np.zeros((size, size), np.float32)
+            image[mask] = 255
+            images.append(np.stack([image] * 3))
+            labels.append(label)
+    return torch.tensor(np.array(images)), torch.tensor(labels)
+
+
+@pytest.mark.parametrize("data", ["shapes", "synthetic"])
+def test_resnet18_trains_stably_with_its_default_hyper_parameters(data):
+    from muninn_worker.samples import synthetic_images
+
+    if data == "shapes":
+        X, y = _shape_images(per_class=160)
+    else:
+        images, labels = synthetic_images(seed=3, per_class=160, size=32)
+        X, y = torch.tensor(images, dtype=torch.float32), torch.tensor(labels)
+        X = X[:, None] if X.ndim == 3 else X.permute(0, 3, 1, 2)
+    defaults = {h.name: h.default for h in zoo.get_template("resnet18").hparams}
+    config = {"channels": X.shape[1], "height": 32, "width": 32, "num_classes": int(y.max()) + 1, "base_width": 32}
+    model = zoo.build_model("resnet18", config)
+    model.load_state_dict(zoo.get_template("resnet18").fit_state(zoo.init_state("resnet18", config, 0), X, y))
+    torch.manual_seed(0)
+    epoch_losses = []
+
+    result = training.train_local(model, X, y, epochs=2, batch_size=defaults["batch_size"], lr=defaults["lr"],
+                                  momentum=defaults["momentum"], seed=1,
+                                  progress=lambda epoch, epochs, loss: epoch_losses.append(loss))
+
+    assert result.loss_after < result.loss_before, (result.loss_before, result.loss_after, epoch_losses)
+    assert max(epoch_losses) < 1.5 * result.loss_before, epoch_losses  # at lr 0.05 the first epoch ran to 4-5
