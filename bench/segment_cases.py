@@ -3,8 +3,11 @@ rates), with realistic inputs built the way a job builds them (jobs.datasets →
 split and sharded like a 3-device round, and the honest units drawn from them.
 
 A unit u of a case trains on shard u mod 3 of the training split drawn with seed u div 3, with training seed
-1000 + u; before its segments are measured it trains `warmup(u)` steps (0, 10, 20 or 40: the first segment of
-a unit starts from a fresh optimizer, later ones mid-training) from the job's initial weights.
+1000 + u. Its segments are measured from one of four starts (`STARTS`, in turn): the first segment of a unit
+of round 1 (the job's initial weights, a fresh optimizer), a segment 10 steps into a unit, the first segment
+of a later round's unit (weights trained 20 steps, a fresh optimizer) and a segment 40 steps into a unit.
+Half the starts are a unit's first segment because every unit has one, and a fresh optimizer is where the
+arithmetic matters most (Adam's first steps on LoRA's zero-initialised adapters; resnet18's first step).
 """
 from __future__ import annotations
 
@@ -24,7 +27,9 @@ from jobs import datasets, preparation
 from jobs.sharding import plan_shards
 
 ROUND_DEVICES = 3  # the default unit is one shard of a 3-device round
-WARMUPS = (0, 10, 20, 40)
+# (what the start is, steps trained before it, whether the optimizer starts afresh there)
+STARTS = (("round 1, step 0", 0, True), ("10 steps in", 10, False), ("later round, step 0", 20, True),
+          ("40 steps in", 40, False))
 
 
 @dataclass
@@ -76,7 +81,7 @@ class Unit:
     X: Tensor
     y: Tensor
     seed: int
-    first_step: int  # the step the measured segments start at (the warm-up's length)
+    first_step: int  # the step of the unit the measured segments start at
     start: Checkpoint  # the state there
 
     def train(self, start: Checkpoint, *, first_step: int, steps: int, numerics: str = "native",
@@ -107,14 +112,20 @@ class Unit:
 def make_unit(case: Case, number: int) -> Unit:
     X, y = case.shard(number)
     seed = 1000 + number
-    warmup = WARMUPS[number % len(WARMUPS)]
+    _, warmup, fresh = STARTS[number % len(STARTS)]
     model = case.model()
-    start = Checkpoint(dict(case.state), training.initial_optimizer_state(model, case.optimizer,
-                                                                          case.hp.get("momentum", 0.0)))
+    fresh_optimizer = training.initial_optimizer_state(model, case.optimizer, case.hp.get("momentum", 0.0))
+    start = Checkpoint(dict(case.state), fresh_optimizer)
     unit = Unit(case, number, X, y, seed, warmup, start)
     if warmup:
         unit.start = unit.train(start, first_step=0, steps=warmup)[warmup]
+    if fresh:  # a new unit from these weights: its steps count from 0 again
+        unit.start, unit.first_step = Checkpoint(unit.start.weights, fresh_optimizer), 0
     return unit
+
+
+def start_of(number: int) -> str:
+    return STARTS[number % len(STARTS)][0]
 
 
 def _npz(X: np.ndarray, y: np.ndarray) -> bytes:

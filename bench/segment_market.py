@@ -83,7 +83,8 @@ def catch_probability(share: float, n: int, per_check: int | None = None) -> flo
 
 def cheater_income(rng: random.Random, *, horizon: int, cheat_share: float, segment_share: float, n: int,
                    warmup: int, cost: float, holding: int, per_check: int | None = None,
-                   min_rate: float = reputation.MIN_RATE) -> tuple[float, float]:
+                   min_rate: float = reputation.MIN_RATE,
+                   quarantine_after: int = reputation.QUARANTINE_AFTER) -> tuple[float, float]:
     """(net income, units of work skipped) of one cheater over `horizon` units.
 
     Every unit pays 1 and costs an honest device `cost`. After `warmup` honest units, the cheater cheats on a
@@ -93,8 +94,8 @@ def cheater_income(rng: random.Random, *, horizon: int, cheat_share: float, segm
     quarantined: the pay of its failed units is lost, the rest of its pending pay (the last `holding` units',
     not yet cleared) is held for review, and staff forfeit it (we assume they do for a device with confirmed
     failures). It comes back as a new device (streak 0) and works honestly for `warmup` units again.
-    `per_check` and `min_rate` replace reputation.CHALLENGED_SEGMENTS and MIN_RATE (to see what would fix a
-    setting that pays)."""
+    `per_check`, `min_rate` and `quarantine_after` replace reputation.CHALLENGED_SEGMENTS, MIN_RATE and
+    QUARANTINE_AFTER (to see what would fix a setting that pays)."""
     income, skipped, streak, failures, done, honest_until = 0.0, 0.0, 0, 0, 0, warmup
     pending: list[float] = []
     while done < horizon:
@@ -107,7 +108,7 @@ def cheater_income(rng: random.Random, *, horizon: int, cheat_share: float, segm
             skipped += segment_share
         if caught:
             streak, failures, pay = 0, failures + 1, 0.0
-            if reputation.quarantine_due(failures):
+            if reputation.quarantine_due(failures, limit=quarantine_after):
                 pending.clear()  # failed units' pay lost, the rest held and forfeited
                 streak, failures, honest_until = 0, 0, done + warmup  # a new device, a new warm-up
         else:
