@@ -1,118 +1,137 @@
-"""Does honest GPU work pass the site's CPU re-execution? Needs a CUDA device (runs on CPU only otherwise).
+"""Does honest GPU work pass the site's segment checks? Trains one unit per template on CUDA and re-trains its
+segments on the CPU, as the site's validator would.
 
-The worker client trains GPU-tier templates on CUDA (runner._train_device); the site re-executes units on
-its CPU and refuses a result farther than MUNINN_REEXECUTION_TOLERANCE (1e-3, relative to the update) from
-its own. GPU kernels round differently from CPU ones (TF32 convolutions, other reduction orders), so this
-trains the same unit both ways, with the same code the client and the validator run, and prints the
-distance the site would see, and the speed on each device. It also prints what the probe reports.
+The worker client trains with segment checkpoints (training.train_local(segment_steps=k, on_boundary=...)),
+k being the template's segment_steps from contributors/data/tolerances.json. Here the GPU does that under
+training.deterministic_cuda(); then every segment (or --segments N of them) is re-trained on the CPU from the
+GPU's own checkpoint at its start (training.train_segment) and compared with the GPU's checkpoint at its end
+by contributors.checks.segment_distance, against contributors.tolerances.tolerance(template, k). A second CUDA
+run must give bitwise the same checkpoints (two devices of the same kind agree exactly).
 
-    python bench/gpu_reexecution.py [--templates resnet18,cnn,mlp] [--epochs 2]
+Without CUDA it still runs, with the CPU under numerics="f64" (the stand-in for another device's arithmetic)
+in the GPU's place, and says so; gpu_units_pass is then null. It also prints what the probe reports.
 
-Last line: JSON with each template's distance, the tolerance, and whether an honest GPU unit passes.
+    python bench/gpu_reexecution.py [--templates mlp,cnn,resnet18,transformer,lora] [--segments all]
+
+Last line: JSON with gpu_units_pass (every GPU segment within tolerance), and per template (resnet18 at lr
+0.01 and 0.05) the segment length, tolerance, worst distance and whether the device's two runs were equal.
 """
 from __future__ import annotations
 
 import argparse
-import io
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "worker_client")]
+sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client"), str(ROOT / "bench")]
 
-from muninn_worker import probe, training, zoo  # noqa: E402
+import segment_cases  # noqa: E402
+from muninn_worker import probe, training  # noqa: E402
 from muninn_worker.runner import _train_device  # noqa: E402
-from muninn_worker.samples import synthetic_images  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+from muninn_worker.segments import Checkpoint  # noqa: E402
 
-from contributors.checks import reexecution_distance  # noqa: E402
-from jobs import datasets, preparation  # noqa: E402
+from contributors import tolerances  # noqa: E402
+from contributors.checks import segment_distance  # noqa: E402
 
-TOLERANCE = 1e-3  # settings.MUNINN_REEXECUTION_TOLERANCE's default
-CASES = {
-    "resnet18": ("images", {"base_width": 16, "image_size": 32, "batch_size": 32, "epochs": 2}),
-    "cnn": ("images", {"image_size": 32, "batch_size": 32, "epochs": 2}),
-    "mlp": ("digits", {"batch_size": 32, "epochs": 2}),
-}
+UNIT = 1  # which unit of bench/segment_cases.py (a shard of a 3-device round, trained from the job's start)
 
 
-def _npz(X: np.ndarray, y: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, X=X, y=y)
-    return buffer.getvalue()
-
-
-def unit_inputs(template: str, data: str, hparams: dict):
-    if data == "images":
-        X, y = synthetic_images(seed=3, per_class=128, size=32)
-    else:
-        digits = load_digits()
-        X, y = digits.data.astype(np.float32), digits.target.astype(np.int64)
-    parsed = datasets.parse_dataset(_npz(X, y), "npz")
-    hp = zoo.validate_hparams(template, hparams)
-    config = zoo.model_config_for(template, parsed.profile, hp)
-    parsed = datasets.parse_dataset(_npz(X, y), "npz", **preparation.parse_options(parsed.profile, config))
-    X, y = preparation.samples(parsed, config)
-    spec = zoo.get_template(template)
-    state = spec.fit_state(zoo.init_state(template, config, 11), X, y)
-    return config, hp, state, X, y
-
-
-def train_on(device: str, template: str, config: dict, hp: dict, state: dict, X, y):
-    model = zoo.build_model(template, config)
-    model.load_state_dict(state)
-    model.to(device)
-    if device == "cuda":
+def device_run(case: segment_cases.Case, unit: segment_cases.Unit, k: int, *, cuda: bool) -> tuple[list, float]:
+    """Train the unit from the job's initial weights with checkpoints every k steps: on CUDA (deterministic),
+    or on the CPU under the f64 stand-in. (checkpoints, seconds)."""
+    model = case.model()
+    if cuda:
+        model.to("cuda")
         torch.cuda.synchronize()
+    checkpoints: list[Checkpoint] = []
     started = time.perf_counter()
-    result = training.train_local(model, X, y, epochs=hp["epochs"], batch_size=hp["batch_size"], lr=hp["lr"],
-                                  momentum=hp.get("momentum", 0.0), seed=5,
-                                  optimizer=zoo.get_template(template).optimizer)
-    if device == "cuda":
+    training.train_local(model, unit.X, unit.y, seed=unit.seed, segment_steps=k,
+                         on_boundary=lambda i, c: checkpoints.append(c),
+                         numerics="native" if cuda else "f64", **case.train_args())
+    if cuda:
         torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    return {k: v.detach().cpu() for k, v in result.state_dict.items()}, seconds
+    return checkpoints, time.perf_counter() - started
+
+
+def same(a: list[Checkpoint], b: list[Checkpoint]) -> bool:
+    return len(a) == len(b) and all(
+        all(torch.equal(x.weights[n], y.weights[n]) for n in x.weights)
+        and all(torch.equal(x.optimizer[n], y.optimizer[n]) for n in x.optimizer) for x, y in zip(a, b))
+
+
+def check_unit(case: segment_cases.Case, *, cuda: bool, sample: int | None) -> dict:
+    unit = segment_cases.make_unit(case, UNIT)
+    k = tolerances.segment_steps(case.template)
+    tolerance = tolerances.tolerance(case.template, k)
+    checkpoints, device_s = device_run(case, unit, k, cuda=cuda)
+    again, _ = device_run(case, unit, k, cuda=cuda)
+    steps = math.ceil(len(unit.y) / case.hp["batch_size"]) * case.hp["epochs"]
+    segments = len(checkpoints) - 1
+    chosen = range(segments) if sample is None else sorted(
+        torch.randperm(segments, generator=torch.Generator().manual_seed(0))[:sample].tolist())
+    validator = case.model()
+    distances, started = [], time.perf_counter()
+    for j in chosen:
+        first = j * k
+        end, _ = training.train_segment(validator, unit.X, unit.y, checkpoints[j], first_step=first,
+                                        steps=min(k, steps - first), seed=unit.seed, **case.train_args())
+        device = checkpoints[j + 1]
+        distances.append(segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
+                                          validator_weights=end.weights, validator_optimizer=end.optimizer,
+                                          start_weights=checkpoints[j].weights))
+    return {"template": case.template, "samples": len(unit.y), "steps": steps, "segment_steps": k,
+            "segments": segments, "checked": len(distances), "tolerance": tolerance,
+            "worst_distance": max(distances), "median_distance": sorted(distances)[len(distances) // 2],
+            "within_tolerance": sum(d <= tolerance for d in distances), "device_runs_equal": same(checkpoints, again),
+            "device_s": device_s, "validator_s": time.perf_counter() - started,
+            "client_device": str(_train_device(case.template))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--templates", default=",".join(CASES))
+    parser.add_argument("--templates", default="mlp,cnn,resnet18,transformer,lora")
+    parser.add_argument("--segments", default="all", help="segments re-trained per unit: all, or a number")
+    parser.add_argument("--resnet-width", type=int, default=8, help="as calibrated by bench/verification.py")
     args = parser.parse_args()
+    torch.set_num_threads(1)
 
     caps = probe.probe_device(quick=True)
     print(f"probe: backends={caps['backends']} gpus={caps['gpus']} cores={caps['cpu_cores']} "
           f"ram={caps['ram_bytes'] / 2**30:.0f} GiB torch={caps['torch_version']}")
     cuda = torch.cuda.is_available()
-    rows, out = [], {"cuda": cuda, "tolerance": TOLERANCE, "templates": {}}
-    for template in args.templates.split(","):
-        data, hparams = CASES[template]
-        config, hp, state, X, y = unit_inputs(template, data, hparams)
-        cpu_state, cpu_s = train_on("cpu", template, config, hp, state, X, y)
-        cpu_again, _ = train_on("cpu", template, config, hp, state, X, y)
-        row = {"samples": int(X.shape[0]), "cpu_s": cpu_s,
-               "cpu_vs_cpu": reexecution_distance(cpu_again, cpu_state, state),
-               "client_device": str(_train_device(template))}
-        if cuda:
-            gpu_state, gpu_s = train_on("cuda", template, config, hp, state, X, y)
-            row.update(gpu_s=gpu_s, gpu_vs_cpu=reexecution_distance(gpu_state, cpu_state, state))
-            row["passes"] = row["gpu_vs_cpu"] <= TOLERANCE
-        rows.append((template, row))
-        out["templates"][template] = row
+    if cuda:
+        training.deterministic_cuda()
+        print(f"device: {torch.cuda.get_device_name(0)} (deterministic CUDA); validator: this CPU, 1 thread")
+    else:
+        print("no CUDA here: the CPU under numerics='f64' (float64 rounded to float32 after every step) stands in "
+              "for the GPU; gpu_units_pass is null")
+    sample = None if args.segments == "all" else int(args.segments)
+    wanted = args.templates.split(",")
+    rows = {}
+    for case in segment_cases.cases(resnet_width=args.resnet_width):
+        if case.template in wanted:
+            rows[case.name] = check_unit(case, cuda=cuda, sample=sample)
 
-    print(f"\n{'template':10} {'client trains on':16} {'samples':>7} {'cpu s':>7} {'gpu s':>7} "
-          f"{'cpu vs cpu':>11} {'gpu vs cpu':>11}  passes (≤ {TOLERANCE:g})")
-    for template, r in rows:
-        gpu_s = f"{r['gpu_s']:7.2f}" if "gpu_s" in r else "      -"
-        gpu_d = f"{r['gpu_vs_cpu']:11.2e}" if "gpu_vs_cpu" in r else "          -"
-        print(f"{template:10} {r['client_device']:16} {r['samples']:7d} {r['cpu_s']:7.2f} {gpu_s} "
-              f"{r['cpu_vs_cpu']:11.2e} {gpu_d}  {r.get('passes', '-')}")
-    out["gpu_units_pass"] = all(r.get("passes", True) for _, r in rows if r["client_device"] == "cuda")
-    print(json.dumps(out))
+    device = "gpu" if cuda else "f64"
+    print(f"\n{'case':16} {'client trains on':16} {'samples':>7} {'steps':>5} {'k':>3} {'checked':>7} "
+          f"{'tolerance':>9} {'worst':>9} {'median':>9} {'within':>6} {device + ' runs equal':>15} "
+          f"{device + ' s':>6} {'cpu s':>6}")
+    for name, r in rows.items():
+        print(f"{name:16} {r['client_device']:16} {r['samples']:>7} {r['steps']:>5} {r['segment_steps']:>3} "
+              f"{r['checked']:>3}/{r['segments']:<3} {r['tolerance']:>9.2e} {r['worst_distance']:>9.2e} "
+              f"{r['median_distance']:>9.2e} {r['within_tolerance']:>6} {str(r['device_runs_equal']):>15} "
+              f"{r['device_s']:>6.2f} {r['validator_s']:>6.2f}")
+    passes = all(r["within_tolerance"] == r["checked"] for r in rows.values())
+    print(json.dumps({"cuda": cuda, "device": device, "gpu_units_pass": passes if cuda else None,
+                      "stand_in_passes": None if cuda else passes,
+                      "templates": {name: {k: r[k] for k in ("segment_steps", "tolerance", "worst_distance",
+                                                             "checked", "within_tolerance", "device_runs_equal")}
+                                    for name, r in rows.items()}}))
 
 
 if __name__ == "__main__":
