@@ -12,8 +12,7 @@ import hashlib
 TRUST_AFTER = 5  # consecutive verified results before the re-execution rate starts to fall
 MIN_RATE = 0.05
 QUARANTINE_AFTER = 3  # units with a confirmed failure (since the last lifted quarantine)
-CHALLENGED_SEGMENTS = 8  # segments re-trained per checked unit (every one, up to SUSPECT_SEGMENTS, when suspect);
-# bench/cheating.py: with 1, a trusted device skipping a small share of segments gained (+0.26 per unit skipped)
+CHALLENGED_SEGMENTS = 1  # segments re-trained per checked unit (every one, up to SUSPECT_SEGMENTS, when suspect)
 SUSPECT_SEGMENTS = 64
 
 
