@@ -71,8 +71,8 @@ def wait_until_polling(names, since, timeout: float = 90) -> None:
         time.sleep(0.2)
 
 
-def wait_until_ended(api: requests.Session, url: str, job: dict) -> dict:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
+def wait_until_ended(api: requests.Session, url: str, job: dict, timeout: float = JOB_TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout
     while job["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
         time.sleep(0.5)
         job = api.get(f"{url}/api/jobs/{job['id']}").json()
