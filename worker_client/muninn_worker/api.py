@@ -152,51 +152,18 @@ class ApiClient:
 
         Every attempt sends the same bytes (the same signature too), so a retry after a lost answer is
         recognised by the site as the same upload."""
-        text = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
-        fields: dict[str, Any] = {"receipt": text}
-        if self.signing_key:
-            fields["signature"] = sign(self.signing_key, text.encode())
-        fields["weights"] = ("weights.safetensors", weights_bytes, "application/octet-stream")
-        body, content_type = encode_multipart_formdata(fields)
-        url = f"{self.server_url}/api/worker/units/{int(unit_id)}/result"
-        headers = {**self._headers("device"), "Content-Type": content_type}
-        # A fresh reader per attempt: a retry after a connection cut mid-body must send the whole body again.
-        response = self._retry(
-            lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
-        )
-        if response.status_code not in (200, 201):
-            raise _error_from(response)
-        return self._json(response)
+        return self._upload(f"/api/worker/units/{int(unit_id)}/result", "weights",
+                            ("weights.safetensors", weights_bytes), receipt=receipt, expected=(200, 201))
 
     def upload_checkpoint(self, unit_id: int, boundary: int, data: bytes) -> dict:
         """POST a challenged checkpoint (multipart `checkpoint`) → {"unit", "status", "reason", "missing"}."""
-        body, content_type = encode_multipart_formdata(
-            {"checkpoint": ("checkpoint.safetensors", data, "application/octet-stream")})
-        url = f"{self.server_url}/api/worker/units/{int(unit_id)}/checkpoints/{int(boundary)}"
-        headers = {**self._headers("device"), "Content-Type": content_type}
-        response = self._retry(
-            lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
-        )
-        if response.status_code != 200:
-            raise _error_from(response)
-        return self._json(response)
+        return self._upload(f"/api/worker/units/{int(unit_id)}/checkpoints/{int(boundary)}", "checkpoint",
+                            ("checkpoint.safetensors", data), expected=(200,))
 
     def submit_check(self, check_id: int, checkpoint: bytes, receipt: dict) -> dict:
         """POST a peer check's end checkpoint with its signed receipt → {"check", "status"}."""
-        text = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
-        fields: dict[str, Any] = {"receipt": text}
-        if self.signing_key:
-            fields["signature"] = sign(self.signing_key, text.encode())
-        fields["checkpoint"] = ("checkpoint.safetensors", checkpoint, "application/octet-stream")
-        body, content_type = encode_multipart_formdata(fields)
-        url = f"{self.server_url}/api/worker/checks/{int(check_id)}/result"
-        headers = {**self._headers("device"), "Content-Type": content_type}
-        response = self._retry(
-            lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
-        )
-        if response.status_code not in (200, 201):
-            raise _error_from(response)
-        return self._json(response)
+        return self._upload(f"/api/worker/checks/{int(check_id)}/result", "checkpoint",
+                            ("checkpoint.safetensors", checkpoint), receipt=receipt, expected=(200, 201))
 
     def challenges(self) -> list[dict]:
         """GET /api/worker/challenges → the device's open challenges (checkpoints still missing)."""
@@ -207,6 +174,27 @@ class ApiClient:
         return challenges
 
     # ------------------------------------------------------------------------------------- plumbing
+
+    def _upload(self, path: str, field: str, file: tuple[str, bytes], *, receipt: dict | None = None,
+                expected: tuple[int, ...]) -> dict:
+        """A multipart POST of one file, with a JSON `receipt` and its Ed25519 signature when given."""
+        fields: dict[str, Any] = {}
+        if receipt is not None:
+            text = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
+            fields["receipt"] = text
+            if self.signing_key:
+                fields["signature"] = sign(self.signing_key, text.encode())
+        fields[field] = (*file, "application/octet-stream")
+        body, content_type = encode_multipart_formdata(fields)
+        url = self.server_url + path
+        headers = {**self._headers("device"), "Content-Type": content_type}
+        # A fresh reader per attempt: a retry after a connection cut mid-body must send the whole body again.
+        response = self._retry(
+            lambda: self._session().post(url, data=_UploadBody(body), headers=headers, timeout=self.timeout)
+        )
+        if response.status_code not in expected:
+            raise _error_from(response)
+        return self._json(response)
 
     def _request(self, method: str, path: str, *, auth: str = "device", expected: tuple[int, ...] = (200,),
                  **kwargs: Any) -> requests.Response:
