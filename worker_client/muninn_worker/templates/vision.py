@@ -100,6 +100,10 @@ class BasicBlock(nn.Module):
         self.norm1 = nn.GroupNorm(_groups(c_out), c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
         self.norm2 = nn.GroupNorm(_groups(c_out), c_out)
+        # Each block starts as the identity (Goyal et al. 2017, "zero-γ"): at lr 0.01 a width-64 network still blew
+        # its held-out loss up from 1.4 to 3.4 in the first epoch without it, and with it honest drift between two
+        # devices' arithmetic over a 4-step segment fell from ~5e-4 to ~5e-6.
+        nn.init.zeros_(self.norm2.weight)
         self.relu = nn.ReLU()
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
