@@ -83,21 +83,21 @@ def catch_probability(share: float, n: int, per_check: int | None = None) -> flo
 
 def cheater_income(rng: random.Random, *, horizon: int, cheat_share: float, segment_share: float, n: int,
                    warmup: int, cost: float, holding: int, per_check: int | None = None,
-                   min_rate: float = reputation.MIN_RATE,
-                   quarantine_after: int = reputation.QUARANTINE_AFTER) -> tuple[float, float]:
+                   min_rate: float = reputation.MIN_RATE, quarantine_after: int = reputation.QUARANTINE_AFTER,
+                   hold_after: int | None = reputation.HOLD_AFTER) -> tuple[float, float]:
     """(net income, units of work skipped) of one cheater over `horizon` units.
 
     Every unit pays 1 and costs an honest device `cost`. After `warmup` honest units, the cheater cheats on a
     share `cheat_share` of its units, skipping the work of a share `segment_share` of their segments (saving
     segment_share x cost each). A checked cheat is caught with `catch_probability`; a caught unit earns nothing,
-    resets the streak and counts a confirmed failure. After reputation.QUARANTINE_AFTER failures the device is
-    quarantined: the pay of its failed units is lost, the rest of its pending pay (the last `holding` units',
-    not yet cleared) is held for review, and staff forfeit it (we assume they do for a device with confirmed
-    failures). It comes back as a new device (streak 0) and works honestly for `warmup` units again.
-    `per_check`, `min_rate` and `quarantine_after` replace reputation.CHALLENGED_SEGMENTS, MIN_RATE and
-    QUARANTINE_AFTER (to see what would fix a setting that pays)."""
+    resets the streak and counts a confirmed failure. From reputation.HOLD_AFTER failures on, each one holds the
+    pay of its unverified pending units (the last `holding` units' that no check passed, not yet cleared) for
+    review; after reputation.QUARANTINE_AFTER failures the device is quarantined, which holds them too. We
+    assume staff forfeit held pay of a device with confirmed failures. A quarantined device comes back as a new
+    one (streak 0) and works honestly for `warmup` units again. `per_check`, `min_rate`, `quarantine_after` and
+    `hold_after` (None: never before quarantine) replace the site's rules (to see what each one is worth)."""
     income, skipped, streak, failures, done, honest_until = 0.0, 0.0, 0, 0, 0, warmup
-    pending: list[float] = []
+    pending: list[tuple[float, bool]] = []  # (pay, passed a check)
     while done < horizon:
         done += 1
         cheat = done > honest_until and rng.random() < cheat_share
@@ -108,15 +108,17 @@ def cheater_income(rng: random.Random, *, horizon: int, cheat_share: float, segm
             skipped += segment_share
         if caught:
             streak, failures, pay = 0, failures + 1, 0.0
-            if reputation.quarantine_due(failures, limit=quarantine_after):
-                pending.clear()  # failed units' pay lost, the rest held and forfeited
+            quarantined = reputation.quarantine_due(failures, limit=quarantine_after)
+            if quarantined or (hold_after is not None and reputation.hold_due(failures, limit=hold_after)):
+                pending = [p for p in pending if p[1]]  # unverified pay held, and forfeited
+            if quarantined:
                 streak, failures, honest_until = 0, 0, done + warmup  # a new device, a new warm-up
         else:
             streak, pay = streak + 1, 1.0
-        pending.append(pay)
+        pending.append((pay, checked and not caught))
         if len(pending) > holding:
-            income += pending.pop(0)  # cleared
-    return income + sum(pending), skipped  # still pending at the end: paid as well
+            income += pending.pop(0)[0]  # cleared
+    return income + sum(p for p, _ in pending), skipped  # still pending at the end: paid as well
 
 
 CHEAT_SHARES = (0.05, 0.2, 0.5, 1.0)

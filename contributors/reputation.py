@@ -1,8 +1,8 @@
 """How much the platform trusts a device: pure arithmetic, after BOINC's adaptive replication.
 
 New devices have every result checked; a device whose results keep agreeing is checked less and less
-often (never below MIN_RATE); one disagreement resets its streak, and failures confirmed on QUARANTINE_AFTER
-different units quarantine it. A check re-trains CHALLENGED_SEGMENTS segments of the unit, drawn with the
+often (never below MIN_RATE); one disagreement resets its streak and holds the earnings of its unverified work
+for review (HOLD_AFTER), and failures confirmed on QUARANTINE_AFTER different units quarantine it. A check re-trains CHALLENGED_SEGMENTS segments of the unit, drawn with the
 site's secret after the device has committed to every checkpoint, so it cannot know which ones.
 """
 from __future__ import annotations
@@ -12,6 +12,10 @@ import hashlib
 TRUST_AFTER = 5  # consecutive verified results before the re-execution rate starts to fall
 MIN_RATE = 0.05
 QUARANTINE_AFTER = 3  # units with a confirmed failure (since the last lifted quarantine)
+# A confirmed failure holds the device's unverified, uncleared earnings for review at once (staff release or
+# forfeit them): without it a trusted device skipping a small share of its work was caught too seldom to lose
+# more than it saved (bench/cheating.py: +0.26 per unit of work skipped; with it, below -1).
+HOLD_AFTER = 1
 CHALLENGED_SEGMENTS = 1  # segments re-trained per checked unit (every one, up to SUSPECT_SEGMENTS, when suspect)
 SUSPECT_SEGMENTS = 64
 
@@ -37,6 +41,11 @@ def should_reexecute(streak: int, draw_value: float) -> bool:
 def quarantine_due(failed_units: int, *, limit: int = QUARANTINE_AFTER) -> bool:
     """`failed_units`: distinct units whose failure was confirmed (a re-training that disagreed, a checkpoint
     that is not what was committed, a challenge left unanswered, a forged or inconsistent receipt)."""
+    return failed_units >= limit
+
+
+def hold_due(failed_units: int, *, limit: int = HOLD_AFTER) -> bool:
+    """Whether the device's unverified earnings are held for review now (see HOLD_AFTER)."""
     return failed_units >= limit
 
 

@@ -114,21 +114,26 @@ def device_record_success(*, device: Device, work_samples: int, flops: int, seco
 
 def device_record_failure(*, device: Device, reason: str, unit_id: int | None = None) -> bool:
     """A failure confirmed on `unit_id` (a segment re-trained differently, a checkpoint that is not what was
-    committed, an unanswered challenge, a forged or inconsistent receipt): the streak resets, and failures
-    on QUARANTINE_AFTER distinct units since the last lifted quarantine quarantine the device and hold the
-    earnings of its unverified work for review. Checks that honest training can fail never come here: they
-    send the result to a segment check instead. Returns True when this failure quarantined it."""
+    committed, an unanswered challenge, a forged or inconsistent receipt): the streak resets and the earnings
+    of its unverified work are held for review (reputation.HOLD_AFTER; staff release or forfeit them), and
+    failures on QUARANTINE_AFTER distinct units since the last lifted quarantine quarantine the device. Checks
+    that honest training can fail never come here: they send the result to a segment check instead. Returns
+    True when this failure quarantined it."""
     with transaction.atomic():
         locked = Device.objects.select_for_update().get(pk=device.pk)
         locked.verified_streak, locked.failures = 0, locked.failures + 1
         DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.FAILURE, reason=reason[:500], unit_id=unit_id)
-        quarantine = locked.quarantined_at is None and reputation.quarantine_due(_failed_units(locked))
+        failed = _failed_units(locked)
+        quarantine = locked.quarantined_at is None and reputation.quarantine_due(failed)
         if quarantine:
             locked.quarantined_at = timezone.now()
-            locked.quarantine_reason = f"failures confirmed on {_failed_units(locked)} units; last: {reason}"[:500]
+            locked.quarantine_reason = f"failures confirmed on {failed} units; last: {reason}"[:500]
             DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.QUARANTINED,
                                        reason=locked.quarantine_reason)
             _hold_unverified_earnings(locked, f"device {locked.pk} quarantined: {locked.quarantine_reason}")
+        elif reputation.hold_due(failed):
+            where = f" on unit {unit_id}" if unit_id is not None else ""
+            _hold_unverified_earnings(locked, f"device {locked.pk}: a failure confirmed{where}: {reason}"[:500])
         locked.save(update_fields=["verified_streak", "failures", "quarantined_at", "quarantine_reason"])
     if quarantine:
         log.warning("device %s quarantined: %s", device.pk, reason)
@@ -184,9 +189,35 @@ def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
     return locked
 
 
+def device_release_held_earnings(*, device: Device, staff, reason: str) -> list:
+    """Staff reviewed a device's confirmed failure and found its held work honest (say, a challenge missed while
+    the machine was off): the held earnings go back to pending and clear as usual. A quarantined device's are
+    released by lifting its quarantine."""
+    from billing import services as billing
+
+    if not reason.strip():
+        raise InvalidInput("Say why the held earnings are released: it is kept in the device's record.",
+                           code="reason_required")
+    with transaction.atomic():
+        locked = Device.objects.select_for_update().get(pk=device.pk)
+        if locked.quarantined_at is not None:
+            raise Conflict("This device is quarantined: lifting the quarantine releases its held earnings.",
+                           code="quarantined")
+        released = billing.earnings_release_held(units=selectors.device_units(locked), staff=staff,
+                                                 reason=f"device {locked.pk} reviewed: {reason}")
+        if not released:
+            raise Conflict("This device has no earnings held for review.", code="nothing_held")
+        amount = sum(e.amount for txn in released for e in txn.entries.all() if e.amount > 0)
+        DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.RELEASED, actor=staff,
+                                   reason=f"held earnings of {len(released)} unit(s) released ({_fmt(amount)}): "
+                                          f"{reason}"[:500])
+    return released
+
+
 def device_forfeit_held_earnings(*, device: Device, staff, reason: str) -> list:
     """Staff decided the device's held work was fraudulent: its held earnings go back to the customers, and the
-    contributor's statement says so. Only what is held (unverified work of a quarantined device) is forfeited."""
+    contributor's statement says so. Only what is held (unverified work of a device with a confirmed failure) is
+    forfeited."""
     from billing import services as billing
 
     if not reason.strip():

@@ -24,7 +24,7 @@ from jobs.models import Job
 from jobs.selectors import job_waiting_reason
 from muninn.errors import MuninnError
 
-from . import selectors, services
+from . import reputation, selectors, services
 from .admin import payout_evidence
 from .models import Device, DeviceEvent
 
@@ -136,9 +136,13 @@ def staff_home(request):
     quarantined = [{"device": d, "held": selectors.device_earnings_held(d)}
                    for d in Device.objects.filter(quarantined_at__isnull=False).select_related("owner").order_by(
                        "-quarantined_at")]
+    under_review = [row for row in ({"device": d, "held": selectors.device_earnings_held(d)} for d in (
+        Device.objects.filter(quarantined_at__isnull=True, events__kind=DeviceEvent.Kind.EARNINGS_HELD)
+        .distinct().select_related("owner").order_by("-pk"))) if row["held"]]
     events = DeviceEvent.objects.select_related("device", "actor").order_by("-at", "-id")[:30]
     return render(request, "contributors/staff.html", {"queue": queue, "quarantined": quarantined,
-                                                        "events": events})
+                                                        "under_review": under_review, "events": events,
+                                                        "quarantine_after": reputation.QUARANTINE_AFTER})
 
 
 @require_POST
@@ -160,8 +164,24 @@ def device_lift_quarantine(request, device_id: int):
 
 @require_POST
 @role_required("staff")
+def device_release_held(request, device_id: int):
+    """Staff found a device's held work honest after a confirmed failure: its held earnings go back to pending."""
+    device = get_object_or_404(Device, pk=device_id)
+    try:
+        released = services.device_release_held_earnings(device=device, staff=request.user,
+                                                         reason=request.POST.get("reason", ""))
+    except MuninnError as e:
+        messages.error(request, e.message)
+    else:
+        messages.success(request, f"Released the held earnings of {len(released)} unit(s) of {device.name} "
+                                  f"(#{device.pk}).")
+    return redirect("staff-home")
+
+
+@require_POST
+@role_required("staff")
 def device_forfeit_held(request, device_id: int):
-    """Staff decided a quarantined device's held work was fraudulent: its held earnings go back to the customers."""
+    """Staff decided a device's held work was fraudulent: its held earnings go back to the customers."""
     device = get_object_or_404(Device, pk=device_id)
     try:
         forfeits = services.device_forfeit_held_earnings(device=device, staff=request.user,

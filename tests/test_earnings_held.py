@@ -1,6 +1,7 @@
-"""Earnings are forfeited only for proven fraud. A quarantined device's unverified work has its earnings held for
-review (not forfeited); its verified work keeps its earnings; lifting the quarantine releases what was held, and
-only staff deciding it was fraud forfeits it, back to the customers."""
+"""Earnings are forfeited only for proven fraud. A confirmed failure holds the earnings of the device's unverified
+work for review (not forfeited), and so does a quarantine; its verified work keeps its earnings; staff releasing
+them (or lifting the quarantine) gives back what was held, and only staff deciding it was fraud forfeits it, back
+to the customers."""
 from __future__ import annotations
 
 from decimal import Decimal
@@ -89,7 +90,7 @@ def test_quarantine_holds_unverified_earnings_and_leaves_verified_ones_pending(w
     assert sorted(holds.values_list("unit_id", flat=True)) == sorted(worked.unverified)
     assert not Transaction.objects.filter(kind=Transaction.Kind.FORFEIT).exists()
     memos = [e.transaction.memo for e in ledger.statement_for(user=contributor)]
-    assert all(m.startswith(f"held for review: device {worked.device.device.pk} quarantined")
+    assert all(m.startswith(f"held for review: device {worked.device.device.pk}: a failure confirmed")
                for m in holds.values_list("memo", flat=True))
     assert not any("fraudulent" in m for m in memos)
     assert DeviceEvent.objects.filter(device=worked.device.device, kind=DeviceEvent.Kind.EARNINGS_HELD).count() == 1
@@ -219,3 +220,51 @@ def test_a_unit_held_for_review_can_be_forfeited_one_by_one(worked, contributor,
     assert balance(contributor, HELD) == share(worked.unverified[1:])
     assert balance(customer, "customer_available") == customer_before + charged([unit.pk])
     assert ledger.ledger_total() == 0
+
+
+def test_a_first_confirmed_failure_holds_unverified_earnings_without_quarantining(worked, contributor, staff):
+    contributors.device_record_failure(device=worked.device.device, reason="reexecution_mismatch: test",
+                                       unit_id=worked.unverified[0])
+
+    device = Device.objects.get(pk=worked.device.device.pk)
+    assert device.quarantined_at is None and device.verified_streak == 0
+    assert balance(contributor, HELD) == share(worked.unverified)
+    assert balance(contributor, PENDING) == share(worked.verified)
+    memo = Transaction.objects.filter(kind=Transaction.Kind.EARNINGS_HOLD).values_list("memo", flat=True).first()
+    assert memo == (f"held for review: device {device.pk}: a failure confirmed on unit {worked.unverified[0]}: "
+                    "reexecution_mismatch: test")
+    staff_page = staff_client(staff).get("/staff/").content.decode()
+    held = money.format_money(share(worked.unverified), "EUR")
+    assert f'data-held="{device.pk}">{held}<' in staff_page and "Release held earnings" in staff_page
+    assert ledger.ledger_total() == 0
+
+
+def test_staff_release_what_a_device_not_quarantined_holds_and_it_clears_as_usual(worked, contributor, staff):
+    contributors.device_record_failure(device=worked.device.device, reason="challenge_unanswered: test",
+                                       unit_id=worked.unverified[0])
+    client = staff_client(staff)
+    url = f"/staff/devices/{worked.device.device.pk}/release-held"
+
+    no_reason = client.post(url, {"reason": ""}, follow=True).content.decode()
+    assert "Say why the held earnings are released" in no_reason and balance(contributor, HELD) > 0
+    client.post(url, {"reason": "the owner's machine was off during the challenge"})
+
+    assert balance(contributor, HELD) == 0
+    assert cleared(contributor) == share(worked.verified + worked.unverified)
+    event = DeviceEvent.objects.get(device=worked.device.device, kind=DeviceEvent.Kind.RELEASED)
+    assert event.actor == staff and "machine was off" in event.reason
+    again = client.post(url, {"reason": "twice"}, follow=True).content.decode()
+    assert "no earnings held for review" in again
+    assert DeviceEvent.objects.filter(kind=DeviceEvent.Kind.RELEASED).count() == 1
+    assert ledger.ledger_total() == 0
+
+
+def test_a_quarantined_device_is_released_by_lifting_not_by_the_release_form(worked, contributor, staff):
+    quarantine(worked.device)
+
+    page = staff_client(staff).post(f"/staff/devices/{worked.device.device.pk}/release-held",
+                                    {"reason": "looks fine"}, follow=True).content.decode()
+
+    assert "lifting the quarantine releases its held earnings" in page
+    assert balance(contributor, HELD) == share(worked.unverified)
+    assert not Transaction.objects.filter(kind=Transaction.Kind.EARNINGS_RELEASE).exists()

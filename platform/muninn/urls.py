@@ -62,6 +62,8 @@ pages = [
     path("contribute/payouts/request", contributors_views.payout_request, name="payout-request-page"),
     path("staff/", contributors_views.staff_home, name="staff-home"),
     path("staff/devices/<int:device_id>/lift", contributors_views.device_lift_quarantine, name="device-lift-page"),
+    path("staff/devices/<int:device_id>/release-held", contributors_views.device_release_held,
+         name="device-release-held-page"),
     path("staff/devices/<int:device_id>/forfeit-held", contributors_views.device_forfeit_held,
          name="device-forfeit-held-page"),
 ]
