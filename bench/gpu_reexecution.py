@@ -45,6 +45,8 @@ def device_run(case: segment_cases.Case, unit: segment_cases.Unit, k: int, *, cu
     """Train the unit from the job's initial weights with checkpoints every k steps: on CUDA (deterministic),
     or on the CPU under the f64 stand-in. (checkpoints, seconds)."""
     model = case.model()
+    if unit.first_step == 0:  # a unit of a later round starts from that round's weights
+        model.load_state_dict(unit.start.weights)
     if cuda:
         model.to("cuda")
         torch.cuda.synchronize()
@@ -64,16 +66,16 @@ def same(a: list[Checkpoint], b: list[Checkpoint]) -> bool:
         and all(torch.equal(x.optimizer[n], y.optimizer[n]) for n in x.optimizer) for x, y in zip(a, b))
 
 
-def check_unit(case: segment_cases.Case, *, cuda: bool, sample: int | None) -> dict:
-    unit = segment_cases.make_unit(case, UNIT)
-    k = tolerances.segment_steps(case.template)
-    tolerance = tolerances.tolerance(case.template, k)
+def check_unit(case: segment_cases.Case, number: int, k: int, *, cuda: bool, sample: int | None) -> dict:
+    """Unit `number` of the case trained on the device with checkpoints every k steps, twice; its segments
+    (or `sample` of them) re-trained on the CPU from the device's own checkpoints."""
+    unit = segment_cases.make_unit(case, number)
     checkpoints, device_s = device_run(case, unit, k, cuda=cuda)
     again, _ = device_run(case, unit, k, cuda=cuda)
     steps = math.ceil(len(unit.y) / case.hp["batch_size"]) * case.hp["epochs"]
     segments = len(checkpoints) - 1
     chosen = range(segments) if sample is None else sorted(
-        torch.randperm(segments, generator=torch.Generator().manual_seed(0))[:sample].tolist())
+        torch.randperm(segments, generator=torch.Generator().manual_seed(number))[:sample].tolist())
     validator = case.model()
     distances, started = [], time.perf_counter()
     for j in chosen:
@@ -84,12 +86,31 @@ def check_unit(case: segment_cases.Case, *, cuda: bool, sample: int | None) -> d
         distances.append(segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
                                           validator_weights=end.weights, validator_optimizer=end.optimizer,
                                           start_weights=checkpoints[j].weights))
-    return {"template": case.template, "samples": len(unit.y), "steps": steps, "segment_steps": k,
-            "segments": segments, "checked": len(distances), "tolerance": tolerance,
-            "worst_distance": max(distances), "median_distance": sorted(distances)[len(distances) // 2],
-            "within_tolerance": sum(d <= tolerance for d in distances), "device_runs_equal": same(checkpoints, again),
-            "device_s": device_s, "validator_s": time.perf_counter() - started,
-            "client_device": str(_train_device(case.template))}
+    return {"samples": len(unit.y), "steps": steps, "segments": segments, "distances": distances,
+            "device_runs_equal": same(checkpoints, again), "device_s": device_s,
+            "validator_s": time.perf_counter() - started}
+
+
+def check_case(case: segment_cases.Case, *, units: int, ks: list[int], cuda: bool, sample: int | None) -> dict:
+    """Every k of `ks` (and the template's own): `units` units each. The verdict is at the template's k."""
+    own = tolerances.segment_steps(case.template)
+    by_k = {}
+    for k in sorted(set(ks) | {own}):
+        runs = [check_unit(case, number, k, cuda=cuda, sample=sample) for number in range(units)]
+        distances = [d for r in runs for d in r["distances"]]
+        by_k[k] = {"tolerance": tolerances.tolerance(case.template, k), "distances": distances,
+                   "worst_distance": max(distances), "median_distance": sorted(distances)[len(distances) // 2],
+                   "device_runs_equal": all(r["device_runs_equal"] for r in runs),
+                   "device_s": sum(r["device_s"] for r in runs), "validator_s": sum(r["validator_s"] for r in runs)}
+        by_k[k]["within_tolerance"] = sum(d <= by_k[k]["tolerance"] for d in distances)
+        print(f"  {case.name} k={k}: {len(distances)} segments, worst {by_k[k]['worst_distance']:.2e} "
+              f"(tolerance {by_k[k]['tolerance']:.2e})", file=sys.stderr, flush=True)
+    r = by_k[own]
+    return {"template": case.template, "segment_steps": own, "units": units, "checked": len(r["distances"]),
+            "samples": runs[0]["samples"], "steps": runs[0]["steps"], **{key: r[key] for key in (
+                "tolerance", "worst_distance", "median_distance", "within_tolerance", "device_runs_equal",
+                "device_s", "validator_s")},
+            "client_device": str(_train_device(case.template)), "by_k": by_k}
 
 
 def main() -> None:
@@ -97,6 +118,11 @@ def main() -> None:
     parser.add_argument("--templates", default="mlp,cnn,resnet18,transformer,lora")
     parser.add_argument("--segments", default="all", help="segments re-trained per unit: all, or a number")
     parser.add_argument("--resnet-width", type=int, default=8, help="as calibrated by bench/verification.py")
+    parser.add_argument("--units", type=int, default=4, help="units per template and k (different shards, "
+                                                              "seeds and starts: bench/segment_cases.py)")
+    parser.add_argument("--ks", default="", help="other segment lengths to measure, e.g. 1,2,4,8,16,32 "
+                                                 "(the verdict is at each template's own)")
+    parser.add_argument("--save", default="", help="write every distance measured to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -115,15 +141,21 @@ def main() -> None:
     rows = {}
     for case in segment_cases.cases(resnet_width=args.resnet_width):
         if case.template in wanted:
-            rows[case.name] = check_unit(case, cuda=cuda, sample=sample)
+            rows[case.name] = check_case(case, units=args.units, cuda=cuda, sample=sample,
+                                         ks=[int(k) for k in args.ks.split(",") if k])
 
     device = "gpu" if cuda else "f64"
+    if args.save:
+        Path(args.save).write_text(json.dumps({"cuda": cuda, "device": torch.cuda.get_device_name(0) if cuda else
+                                               "cpu f64", "torch": torch.__version__,
+                                               "cases": {n: {"template": r["template"], "by_k": r["by_k"]}
+                                                         for n, r in rows.items()}}))
     print(f"\n{'case':16} {'client trains on':16} {'samples':>7} {'steps':>5} {'k':>3} {'checked':>7} "
           f"{'tolerance':>9} {'worst':>9} {'median':>9} {'within':>6} {device + ' runs equal':>15} "
           f"{device + ' s':>6} {'cpu s':>6}")
     for name, r in rows.items():
         print(f"{name:16} {r['client_device']:16} {r['samples']:>7} {r['steps']:>5} {r['segment_steps']:>3} "
-              f"{r['checked']:>3}/{r['segments']:<3} {r['tolerance']:>9.2e} {r['worst_distance']:>9.2e} "
+              f"{r['checked']:>7} {r['tolerance']:>9.2e} {r['worst_distance']:>9.2e} "
               f"{r['median_distance']:>9.2e} {r['within_tolerance']:>6} {str(r['device_runs_equal']):>15} "
               f"{r['device_s']:>6.2f} {r['validator_s']:>6.2f}")
     passes = all(r["within_tolerance"] == r["checked"] for r in rows.values())
