@@ -18,7 +18,8 @@ from .models import Payout, Quote
 
 def _money(nanos: int) -> dict:
     currency = settings.MUNINN_CURRENCY
-    return {"nanos": nanos, "currency": currency, "display": money.format_money(nanos, currency)}
+    return {"nanos": nanos, "currency": currency, "display": money.format_money(nanos, currency),
+            "exact": money.format_money(nanos, currency, exact=True)}
 
 
 def _base_weights(request, choice: dict):
@@ -40,7 +41,8 @@ class EstimateView(APIView):
                                      rounds=choice["rounds"], base_weights=_base_weights(request, choice),
                                      training=training_choice(choice))
         est = plan.estimate
-        price = money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True)
+        price = money.quote_price(est.flops_total, settings.MUNINN_PRICE_PER_HU,
+                                  minimum=money.to_nanos(settings.MUNINN_MIN_CHARGE_PER_JOB))
         return Response({
             "template": choice["template"], "hparams": plan.hparams, "rounds": choice["rounds"],
             **plan.scheme.fields(), "flops": est.flops_total, "flops_per_round": est.flops_per_round,
