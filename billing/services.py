@@ -26,6 +26,8 @@ Kind = Account.Kind
 # (min_memory_bytes=..., backends=...) -> [(device id, measured FLOP/s)] of the capable devices online now. Passed
 # in by the caller (contributors/ knows devices; billing/ sits below it).
 OnlineCapacity = Callable[..., Sequence[tuple[int, float]]]
+# (min_memory_bytes=..., backends=...) -> how many capable devices were seen within MUNINN_DEVICE_RECENT_SECONDS.
+RecentCapable = Callable[..., int]
 
 
 class InsufficientBalance(MuninnError):
@@ -84,10 +86,13 @@ def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None
 
 def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int, base_weights=None,
                 aggregation: str = "fedavg", training: dict | None = None,
-                online_capacity: OnlineCapacity | None = None, now: datetime | None = None) -> Quote:
-    """Price a job before it exists: HU and price (rounded up), the device tier its peak memory needs, and the
-    wall time the devices online now should take. Valid for MUNINN_QUOTE_TTL_SECONDS. The quote keeps the
-    training algorithm's settings (`training`, see jobs.services.job_plan), which the job is created with."""
+                online_capacity: OnlineCapacity | None = None, recent_capable: RecentCapable | None = None,
+                now: datetime | None = None) -> Quote:
+    """Price a job before it exists: HU and price (rounded up, at least the minimum charge per job), the device
+    tier its peak memory needs, the wall time the devices online now should take, and how many capable devices
+    were seen lately (`recent_capable`; none: the quote warns). Valid for MUNINN_QUOTE_TTL_SECONDS. The quote
+    keeps the training algorithm's settings (`training`, see jobs.services.job_plan), which the job is created
+    with."""
     plan = job_services.job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds,
                                  base_weights=base_weights, training=training)
     est = plan.estimate
@@ -109,6 +114,8 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         price_per_hu=rate,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
+        devices_recent=(recent_capable(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends)
+                        if recent_capable else None),
         expected_seconds=pricing.expected_wall_seconds(
             flops_per_round=flops_per_round, rounds=rounds, device_flops_per_s=[speed for _, speed in devices],
             round_overhead_seconds=settings.MUNINN_ROUND_OVERHEAD_SECONDS),

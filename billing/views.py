@@ -17,7 +17,7 @@ from jobs.models import Job
 from muninn.errors import InvalidInput, MuninnError
 from muninn_worker import zoo
 
-from . import money, payments, pricing, selectors, services, stripe_gateway
+from . import money, payments, selectors, services, stripe_gateway
 from .forms import AmountForm
 from .models import Account, Quote
 
@@ -97,7 +97,7 @@ def _choice_from_post(post, datasets) -> dict:
             "base_weights": post.get("base_weights", "")}
 
 
-def _issue(request, choice: dict, online_capacity) -> Quote:
+def _issue(request, choice: dict, online_capacity, recent_capable) -> Quote:
     try:
         dataset_id, rounds = int(choice["dataset"]), int(choice["rounds"])
         base_id = int(choice["base_weights"]) if choice["base_weights"] else None
@@ -110,22 +110,23 @@ def _issue(request, choice: dict, online_capacity) -> Quote:
         raise InvalidInput("Choose an aggregation rule from the list.", code="invalid", detail={"field": "aggregation"})
     return services.quote_issue(customer=request.user, dataset=dataset, template=choice["template"],
                                 hparams=choice["hparams"], rounds=rounds, base_weights=base,
-                                aggregation=choice["aggregation"], online_capacity=online_capacity)
+                                aggregation=choice["aggregation"], online_capacity=online_capacity,
+                                recent_capable=recent_capable)
 
 
 def quote_view(quote: Quote | None) -> dict | None:
     """The quote as the page shows it (the same numbers as GET /api/quotes/<id>)."""
     if quote is None:
         return None
-    tier = next(t for t in pricing.TIERS if t.name == quote.device_tier)
+    tier = selectors.quote_tier(quote)
     return {"id": str(quote.pk), "hu": hu_str(flops_to_hu(quote.flops)), "price": _fmt(quote.price),
-            "device_tier": quote.device_tier, "tier_description": tier.description,
+            "device_tier": quote.device_tier, "tier_line": tier["line"], "warning": tier["warning"],
             "expected_seconds": quote.expected_seconds,
             "devices_online": quote.devices_online, "expires_at": quote.expires_at}
 
 
 @role_required("customer")
-def job_new(request, online_capacity=None):
+def job_new(request, online_capacity=None, recent_capable=None):
     """Pick a dataset, a model template and its hyper-parameters (defaults from the data's profile); the quote
     (HU, price, device tier, expected time, capable devices online) follows the form as it changes (the page's
     script asks POST /api/quotes); accepting it holds the price and starts the job. Without the script the
@@ -150,7 +151,7 @@ def job_new(request, online_capacity=None):
                 job = services.quote_accept(customer=request.user, quote_id=post.get("quote", ""))
                 messages.success(request, f"Job {job.pk} started: its quoted price is held from your balance.")
                 return redirect("job-page", job_id=job.pk)
-            quote = _issue(request, choice, online_capacity)
+            quote = _issue(request, choice, online_capacity, recent_capable)
         except MuninnError as e:
             error = e
             if post.get("action") == "accept" and post.get("quote"):

@@ -57,7 +57,9 @@
     $("quote-error").innerHTML = "";
     $("quote-hu").textContent = q.hu + " HU";
     $("quote-price").textContent = q.price.display;
-    $("quote-tier").textContent = q.device_tier.name + " — " + q.device_tier.description;
+    $("quote-tier").textContent = q.device_tier.line;
+    $("quote-warning").textContent = q.device_tier.warning || "";
+    $("quote-warning").hidden = !q.device_tier.warning;
     $("quote-time").textContent = seconds(q.expected_seconds);
     $("quote-devices").textContent = q.devices_online === 0
       ? "none right now: the job waits until a device that can run it comes online"
@@ -71,6 +73,7 @@
   function showError(error) {
     $("quote-error").innerHTML = Muninn.errorHtml(error, "quote-error-message");
     $("quote-figures").hidden = true;
+    $("quote-warning").hidden = true;
     $("quote-waiting").hidden = true;
     $("id_quote").value = "";
     $("accept-button").disabled = true;
