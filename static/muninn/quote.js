@@ -18,6 +18,11 @@
     });
   }
 
+  function showAlgorithm() {
+    const fs = $("diloco-settings");
+    fs.hidden = fs.disabled = $("id_algorithm").value !== "diloco";
+  }
+
   function value(input) {
     const text = input.value.trim();
     if (text === "") return undefined;
@@ -41,6 +46,14 @@
     const rounds = $("id_rounds").value.trim();
     const body = {dataset: Number(datasetSelect.value), template: templateSelect.value, hparams: hparams,
                   rounds: /^\d+$/.test(rounds) ? Number(rounds) : rounds, aggregation: $("id_aggregation").value};
+    body.algorithm = $("id_algorithm").value;
+    body.update_encoding = $("id_update_encoding").value;
+    if (body.algorithm === "diloco") {
+      ["outer_lr", "outer_momentum", "inner_steps"].forEach((name) => {
+        const v = value($("id_" + name));
+        if (v !== undefined) body[name] = v;
+      });
+    }
     const base = $("id_base_weights");
     if (base && base.value) body.base_weights = Number(base.value);
     return body;
@@ -97,6 +110,7 @@
   }
 
   templateSelect.addEventListener("change", () => { showTemplate(); changed(); });
+  $("id_algorithm").addEventListener("change", () => { showAlgorithm(); changed(); });
   datasetSelect.addEventListener("change", () => {
     // Another dataset has other templates and defaults: the server renders them.
     window.location.search = "?dataset=" + encodeURIComponent(datasetSelect.value);
@@ -104,5 +118,6 @@
   form.addEventListener("input", (e) => { if (e.target !== datasetSelect) changed(); });
   $("quote-button").hidden = true;  // the script keeps the quote current
   showTemplate();
+  showAlgorithm();
   if (!$("id_quote").value && !$("quote-error").innerHTML.trim()) requestQuote();
 })();
