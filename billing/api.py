@@ -12,13 +12,14 @@ from jobs import services as job_services
 from jobs.api import TRAINING_FIELDS, JobDetailSerializer, parse_choice, training_choice
 from jobs.hu import hu_str
 
-from . import money, payments, payouts, pricing, selectors, services, stripe_gateway
+from . import money, payments, payouts, selectors, services, stripe_gateway
 from .models import Payout, Quote
 
 
 def _money(nanos: int) -> dict:
     currency = settings.MUNINN_CURRENCY
-    return {"nanos": nanos, "currency": currency, "display": money.format_money(nanos, currency)}
+    return {"nanos": nanos, "currency": currency, "display": money.format_money(nanos, currency),
+            "exact": money.format_money(nanos, currency, exact=True)}
 
 
 def _base_weights(request, choice: dict):
@@ -40,7 +41,8 @@ class EstimateView(APIView):
                                      rounds=choice["rounds"], base_weights=_base_weights(request, choice),
                                      training=training_choice(choice))
         est = plan.estimate
-        price = money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True)
+        price = money.quote_price(est.flops_total, settings.MUNINN_PRICE_PER_HU,
+                                  minimum=money.to_nanos(settings.MUNINN_MIN_CHARGE_PER_JOB))
         return Response({
             "template": choice["template"], "hparams": plan.hparams, "rounds": choice["rounds"],
             **plan.scheme.fields(), "flops": est.flops_total, "flops_per_round": est.flops_per_round,
@@ -51,15 +53,15 @@ class EstimateView(APIView):
 
 
 def quote_body(quote: Quote) -> dict:
-    tier = next(t for t in pricing.TIERS if t.name == quote.device_tier)
     return {
         "id": str(quote.pk), "expires_at": quote.expires_at, "dataset": quote.dataset_id, "template": quote.template,
         "hparams": quote.hparams, "rounds": quote.rounds, "aggregation": quote.aggregation,
         **{name: getattr(quote, name) for name in TRAINING_FIELDS}, "flops": quote.flops,
         "hu": hu_str(money.flops_to_hu(quote.flops)), "price": _money(quote.price),
         "price_per_hu": str(quote.price_per_hu), "peak_memory_bytes": quote.peak_memory_bytes,
-        "device_tier": {"name": tier.name, "memory_bytes": tier.memory_bytes, "description": tier.description},
-        "devices_online": quote.devices_online, "expected_seconds": quote.expected_seconds,
+        "device_tier": selectors.quote_tier(quote),
+        "devices_online": quote.devices_online, "devices_recent": quote.devices_recent,
+        "expected_seconds": quote.expected_seconds,
         "job": quote.job_id, "accepted_at": quote.accepted_at,
     }
 
@@ -69,6 +71,7 @@ class QuoteListView(APIView):
 
     permission_classes = [IsCustomer]
     online_capacity = None  # wired in muninn/urls.py: contributors/ knows the devices online
+    recent_capable = None  # and the capable devices seen lately
 
     def get(self, request):
         return Response([quote_body(q) for q in selectors.quotes_for(customer=request.user)[:100]])
@@ -79,7 +82,8 @@ class QuoteListView(APIView):
         quote = services.quote_issue(customer=request.user, dataset=dataset, template=choice["template"],
                                      hparams=choice["hparams"], rounds=choice["rounds"],
                                      base_weights=_base_weights(request, choice), aggregation=choice["aggregation"],
-                                     training=training_choice(choice), online_capacity=self.online_capacity)
+                                     training=training_choice(choice), online_capacity=self.online_capacity,
+                                     recent_capable=self.recent_capable)
         return Response(quote_body(quote), status=201)
 
 

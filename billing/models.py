@@ -111,6 +111,9 @@ class Quote(models.Model):
     peak_memory_bytes = models.BigIntegerField()
     device_tier = models.CharField(max_length=16)
     devices_online = models.PositiveIntegerField(default=0)  # able to run it, when quoted
+    # Able to run it and seen within MUNINN_DEVICE_RECENT_SECONDS, when quoted (None: not asked): with none, the
+    # quote warns that the job would wait with its price held.
+    devices_recent = models.PositiveIntegerField(null=True, blank=True)
     expected_seconds = models.FloatField(null=True, blank=True)  # None: no capable device online when quoted
     expires_at = models.DateTimeField()
     job = models.OneToOneField("jobs.Job", null=True, blank=True, on_delete=models.PROTECT, related_name="quote")

@@ -5,7 +5,7 @@ training job costs far less than a cent, and rounding it to cents would make the
 """
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
 
 from jobs.hu import FLOPS_PER_HU, flops_to_hu  # noqa: F401  (re-exported: money and HU go together)
 
@@ -22,11 +22,28 @@ def price_for_flops(flops: int, price_per_hu: Decimal, *, round_up: bool) -> int
     return int(exact.to_integral_value(rounding=ROUND_CEILING if round_up else ROUND_FLOOR))
 
 
-def step_price(flops_before: int, flops: int, price_per_hu: Decimal) -> int:
-    """The price of `flops` more work after `flops_before` already charged: the step in the cumulative
-    price, so sub-nano remainders carry over between units and the steps add up to the price of the whole."""
-    return (price_for_flops(flops_before + flops, price_per_hu, round_up=False)
-            - price_for_flops(flops_before, price_per_hu, round_up=False))
+def quote_price(flops: int, price_per_hu: Decimal, *, minimum: int) -> int:
+    """A job's quoted price in nanos: its FLOPs at the rate, rounded up, and never below the minimum charge
+    per job (settings.MUNINN_MIN_CHARGE_PER_JOB), so that small work still pays its contributors a visible
+    amount."""
+    return max(price_for_flops(flops, price_per_hu, round_up=True), minimum)
+
+
+def price_share(price: int, quoted_flops: int, flops: int) -> int:
+    """The part of a job's quoted `price` that `flops` of its verified work pays, in proportion to the FLOPs the
+    quote counted, rounded down, and never more than the price (work beyond the estimate is not the customer's)."""
+    if price < 0 or flops < 0:
+        raise ValueError("price and flops must not be negative")
+    if quoted_flops <= 0:
+        return price if flops > 0 else 0
+    return min(price, price * flops // quoted_flops)
+
+
+def step_share(price: int, quoted_flops: int, flops_before: int, flops: int) -> int:
+    """One unit's charge: the step in the job's cumulative share of its price after `flops_before` already
+    charged, so remainders carry over between units and the charges add up to exactly the quoted price when the
+    job does all its quoted work."""
+    return price_share(price, quoted_flops, flops_before + flops) - price_share(price, quoted_flops, flops_before)
 
 
 def split_charge(amount: int, contributor_share: Decimal) -> tuple[int, int]:
@@ -45,10 +62,20 @@ def to_nanos(amount: Decimal | str | int) -> int:
     return int(value)
 
 
-def format_money(nanos: int, currency: str = "EUR") -> str:
-    """The one way money is shown: up to 9 decimals, trailing zeros trimmed to at least 2."""
+CENT = NANOS_PER_UNIT // 100
+
+
+def format_money(nanos: int, currency: str = "EUR", *, exact: bool = False) -> str:
+    """The one way money is shown. Amounts of a cent or more are rounded to the cent (a balance of
+    99.999999817 reads €100.00); smaller ones, such as one unit's earnings, show their exact digits (€0.0000233),
+    so no non-zero amount reads as nothing. `exact=True` always shows every digit (up to 9 decimals, trailing
+    zeros trimmed to 2): for statements' details and messages that compare two amounts."""
     sign = "-" if nanos < 0 else ""
-    whole, frac = divmod(abs(nanos), NANOS_PER_UNIT)
+    amount = abs(nanos)
+    if not exact and amount >= CENT:
+        cents = int((Decimal(amount) / CENT).to_integral_value(rounding=ROUND_HALF_EVEN))
+        amount = cents * CENT
+    whole, frac = divmod(amount, NANOS_PER_UNIT)
     digits = f"{frac:09d}".rstrip("0").ljust(2, "0")
     return f"{sign}{CURRENCY_SYMBOLS.get(currency, currency + ' ')}{whole:,}.{digits}"
 

@@ -55,7 +55,8 @@ def payout_request(*, contributor, amount: int) -> Payout:
         balance = selectors.account_balance(account=available)
         if amount > balance:
             raise InsufficientBalance(
-                f"You asked for {money.format_money(amount, currency)} but {money.format_money(balance, currency)} "
+                f"You asked for {money.format_money(amount, currency)} but "
+                f"{money.format_money(balance, currency, exact=True)} "
                 "of your earnings is available (pending earnings become available after the holding period).",
                 code="above_available", detail={"amount": amount, "available": balance})
         payout = Payout.objects.create(contributor=contributor, amount=amount, currency=currency)

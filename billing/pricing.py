@@ -23,6 +23,33 @@ TIERS = (
 )
 
 
+# How the tier line names where a job's units train (jobs.services.template_backends).
+BACKEND_NAMES = {"cpu": "CPU", "cuda": "NVIDIA GPU (CUDA)", "mps": "Apple GPU (MPS)"}
+
+
+def tier_line(tier: DeviceTier, backends: Sequence[str]) -> str:
+    """The quote's device tier in words, naming the backend the job's units go to: "S — CPU: any device with
+    2 GiB of memory free", "S — NVIDIA GPU (CUDA) only: a GPU with 2 GiB free"."""
+    memory = f"{tier.memory_bytes // GIB} GiB"
+    if tuple(backends) == ("cpu",):
+        return f"{tier.name} — CPU: any device with {memory} of memory free"
+    names = " or ".join(BACKEND_NAMES.get(b, b) for b in backends)
+    return f"{tier.name} — {names} only: a GPU with {memory} free"
+
+
+def no_device_warning(*, devices_online: int, devices_recent: int | None, tier: DeviceTier,
+                      backends: Sequence[str], recent: str, wait_limit: str) -> str | None:
+    """What the quote says before the customer pays when no device able to run the job has been seen for a while
+    (`recent`, in words): its price would be held while it waits. None when one is online or was recently, or
+    when nobody asked (devices_recent None)."""
+    if devices_online or devices_recent is None or devices_recent > 0:
+        return None
+    need = tier_line(tier, backends).split(" — ", 1)[1]
+    return (f"No device that can run this job ({need}) has been online in the last {recent}. If you start it, "
+            f"its price is held while it waits for one; after {wait_limit} without one it fails and the hold is "
+            "released.")
+
+
 class TooBigForAnyTier(ValueError):
     pass
 

@@ -1,9 +1,14 @@
 """Reads on the ledger. Balances are always derived from entries."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import QuerySet, Sum
 from django.shortcuts import get_object_or_404
 
+from jobs import selectors as job_selectors
+from jobs import services as job_services
+
+from . import pricing
 from .models import Account, Entry, Payout, Quote, Transaction
 
 
@@ -59,6 +64,20 @@ def statement_for(*, user) -> QuerySet[Entry]:
 
 def quotes_for(*, customer) -> QuerySet[Quote]:
     return Quote.objects.filter(customer=customer)
+
+
+def quote_tier(quote: Quote) -> dict:
+    """The quote's device tier as pages and the API show it: its name, memory, the backend the units go to, the
+    line that names them, and the warning when no capable device has been seen lately."""
+    tier = next(t for t in pricing.TIERS if t.name == quote.device_tier)
+    backends = job_services.template_backends(quote.template)
+    return {"name": tier.name, "memory_bytes": tier.memory_bytes, "backends": list(backends),
+            "description": pricing.tier_line(tier, backends).split(" — ", 1)[1],
+            "line": pricing.tier_line(tier, backends),
+            "warning": pricing.no_device_warning(
+                devices_online=quote.devices_online, devices_recent=quote.devices_recent, tier=tier, backends=backends,
+                recent=job_selectors.span(settings.MUNINN_DEVICE_RECENT_SECONDS),
+                wait_limit=job_selectors.span(settings.MUNINN_JOB_WAIT_LIMIT))}
 
 
 def quote_get(*, customer, quote_id) -> Quote:

@@ -26,6 +26,8 @@ Kind = Account.Kind
 # (min_memory_bytes=..., backends=...) -> [(device id, measured FLOP/s)] of the capable devices online now. Passed
 # in by the caller (contributors/ knows devices; billing/ sits below it).
 OnlineCapacity = Callable[..., Sequence[tuple[int, float]]]
+# (min_memory_bytes=..., backends=...) -> how many capable devices were seen within MUNINN_DEVICE_RECENT_SECONDS.
+RecentCapable = Callable[..., int]
 
 
 class InsufficientBalance(MuninnError):
@@ -84,10 +86,13 @@ def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None
 
 def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int, base_weights=None,
                 aggregation: str = "fedavg", training: dict | None = None,
-                online_capacity: OnlineCapacity | None = None, now: datetime | None = None) -> Quote:
-    """Price a job before it exists: HU and price (rounded up), the device tier its peak memory needs, and the
-    wall time the devices online now should take. Valid for MUNINN_QUOTE_TTL_SECONDS. The quote keeps the
-    training algorithm's settings (`training`, see jobs.services.job_plan), which the job is created with."""
+                online_capacity: OnlineCapacity | None = None, recent_capable: RecentCapable | None = None,
+                now: datetime | None = None) -> Quote:
+    """Price a job before it exists: HU and price (rounded up, at least the minimum charge per job), the device
+    tier its peak memory needs, the wall time the devices online now should take, and how many capable devices
+    were seen lately (`recent_capable`; none: the quote warns). Valid for MUNINN_QUOTE_TTL_SECONDS. The quote
+    keeps the training algorithm's settings (`training`, see jobs.services.job_plan), which the job is created
+    with."""
     plan = job_services.job_plan(dataset=dataset, template=template, hparams=hparams, rounds=rounds,
                                  base_weights=base_weights, training=training)
     est = plan.estimate
@@ -105,9 +110,12 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
     return Quote.objects.create(
         customer=customer, dataset=dataset, template=template, hparams=plan.hparams, rounds=rounds,
         base_weights=base_weights, aggregation=aggregation, **plan.scheme.fields(), flops=est.flops_total,
-        price=money.price_for_flops(est.flops_total, rate, round_up=True), price_per_hu=rate,
+        price=money.quote_price(est.flops_total, rate, minimum=money.to_nanos(settings.MUNINN_MIN_CHARGE_PER_JOB)),
+        price_per_hu=rate,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
+        devices_recent=(recent_capable(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends)
+                        if recent_capable else None),
         expected_seconds=pricing.expected_wall_seconds(
             flops_per_round=flops_per_round, rounds=rounds, device_flops_per_s=[speed for _, speed in devices],
             round_overhead_seconds=settings.MUNINN_ROUND_OVERHEAD_SECONDS),
@@ -183,7 +191,8 @@ def hold_place(*, job, quote_id=None, now: datetime | None = None) -> Transactio
         balance = selectors.account_balance(account=available)
         if balance < quote.price:
             raise InsufficientBalance(
-                f"This job costs {_fmt(quote.price)} but your balance is {_fmt(balance)}. Top up and try again.",
+                f"This job costs {money.format_money(quote.price, settings.MUNINN_CURRENCY, exact=True)} but your "
+                f"balance is {money.format_money(balance, settings.MUNINN_CURRENCY, exact=True)}. Top up and try again.",
                 detail={"price": quote.price, "balance": balance},
             )
         if quote.job_id is None:
@@ -196,13 +205,19 @@ def hold_place(*, job, quote_id=None, now: datetime | None = None) -> Transactio
         )
 
 
-def unit_charge(*, unit, contributor) -> Transaction:
-    """Charge one verified unit's HU from the job's hold: the contributor's share to their pending earnings,
-    the rest to the platform. Never more than what is left of the hold, never twice for one unit.
+def _quoted(job) -> tuple[int, int]:
+    """(price, FLOPs) of the quote the job accepted: what its verified work shares between its units."""
+    return Quote.objects.filter(job=job).values_list("price", "flops").first() or (0, 0)
 
-    A unit is priced at the quote's rate as the step in the job's cumulative price (money.step_price), so the
-    job's charges add up to floor(price(all charged FLOPs)), within one nano of the exact price, however small
-    the units; and never above the quote, which is the hold."""
+
+def unit_charge(*, unit, contributor) -> Transaction:
+    """Charge one verified unit from the job's hold: the contributor's share to their pending earnings, the rest
+    to the platform. Never more than what is left of the hold, never twice for one unit.
+
+    A unit pays its part of the quoted price in proportion to its FLOPs (money.step_share), so the job's
+    charges add up to exactly the quote when it does all its quoted work, and never more. Every verified unit
+    earns its contributor at least MUNINN_MIN_EARNING_PER_UNIT: when the customer's part falls short (a tiny
+    unit, or re-issued work beyond the estimate once the hold is used up), the platform's fee makes up the rest."""
     job = unit.round.job
     key = f"charge:unit:{unit.pk}"
     with transaction.atomic():
@@ -210,36 +225,42 @@ def unit_charge(*, unit, contributor) -> Transaction:
         existing = Transaction.objects.filter(idempotency_key=key).first()
         if existing:
             return existing
-        rate = Quote.objects.filter(job=job).values_list("price_per_hu", flat=True).first()
-        amount = money.step_price(selectors.job_flops_charged(job=job), unit.flops,
-                                  settings.MUNINN_PRICE_PER_HU if rate is None else rate)
+        price, quoted_flops = _quoted(job)
+        amount = money.step_share(price, quoted_flops, selectors.job_flops_charged(job=job), unit.flops)
         remaining = selectors.job_hold_remaining(job=job)
         if amount > remaining:  # re-issued or extra work beyond the estimate is the platform's cost
             log.warning("unit %s: charge %s capped at the hold's remaining %s", unit.pk, amount, remaining)
             amount = remaining
         to_contributor, fee = money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)
+        top_up = max(0, money.to_nanos(settings.MUNINN_MIN_EARNING_PER_UNIT) - to_contributor)
         return ledger_post(
             key=key, kind=Transaction.Kind.CHARGE, job=job, unit=unit, flops=unit.flops,
-            memo=f"job {job.pk} round {unit.round.number} unit {unit.pk}",
+            memo=f"job {job.pk} round {unit.round.number} unit {unit.pk}"
+                 + (f" (the platform adds {_fmt(top_up)}: the least a unit earns)" if top_up else ""),
             lines=[(held, -amount),
-                   (account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor), to_contributor),
-                   (account_for(kind=Kind.PLATFORM_FEE), fee)],
+                   (account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor), to_contributor + top_up),
+                   (account_for(kind=Kind.PLATFORM_FEE), fee - top_up)],
         )
 
 
 def check_charge(*, job, check_id: int, flops: int, contributor, memo: str) -> Transaction:
     """A peer device's verified work checking another device's segment (contributors.peers), paid once per check
-    at the contributor's share of the job's HU rate. Verification is the platform's cost, never the customer's
-    (the quote counts training only), so it comes out of the platform's fees; the job is named in the memo only,
-    which keeps it out of the job's charges."""
+    at the contributor's share of what the job's work is priced at (its quote's price per FLOP), and never less
+    than the least a unit earns. Verification is the platform's cost, never the customer's (the quote counts
+    training only), so it comes out of the platform's fees; the job is named in the memo only, which keeps it out
+    of the job's charges."""
     key = f"charge:check:{check_id}"
     with transaction.atomic():
         existing = Transaction.objects.filter(idempotency_key=key).first()
         if existing:
             return existing
-        rate = Quote.objects.filter(job=job).values_list("price_per_hu", flat=True).first()
-        price = money.price_for_flops(flops, settings.MUNINN_PRICE_PER_HU if rate is None else rate, round_up=False)
-        to_contributor, _ = money.split_charge(price, settings.MUNINN_CONTRIBUTOR_SHARE)
+        price, quoted_flops = _quoted(job)
+        if quoted_flops:
+            worth = price * flops // quoted_flops
+        else:
+            worth = money.price_for_flops(flops, settings.MUNINN_PRICE_PER_HU, round_up=False)
+        to_contributor, _ = money.split_charge(worth, settings.MUNINN_CONTRIBUTOR_SHARE)
+        to_contributor = max(to_contributor, money.to_nanos(settings.MUNINN_MIN_EARNING_PER_UNIT))
         return ledger_post(
             key=key, kind=Transaction.Kind.CHARGE, flops=flops, memo=memo,
             lines=[(account_for(kind=Kind.PLATFORM_FEE), -to_contributor),

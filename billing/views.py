@@ -6,18 +6,20 @@ import uuid
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.paginator import InvalidPage, Paginator
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from accounts.pages import role_required
+from jobs import algorithms, suggest
 from jobs import selectors as job_selectors
-from jobs import suggest
 from jobs.hu import flops_to_hu, hu_str
 from jobs.models import Job
 from muninn.errors import InvalidInput, MuninnError
 from muninn_worker import zoo
 
-from . import money, payments, pricing, selectors, services, stripe_gateway
+from . import money, payments, selectors, services, stripe_gateway
 from .forms import AmountForm
 from .models import Account, Quote
 
@@ -31,6 +33,18 @@ def _fmt(nanos: int) -> str:
     return money.format_money(nanos, settings.MUNINN_CURRENCY)
 
 
+STATEMENT_PAGE_SIZE = 50
+
+
+def _statement_page(request, user):
+    """One page of the statement (?page=N, newest first); a page that is not there is a 404."""
+    paginator = Paginator(selectors.statement_for(user=user), STATEMENT_PAGE_SIZE)
+    try:
+        return paginator.page(request.GET.get("page", 1))
+    except InvalidPage as e:
+        raise Http404(f"The statement has no page {request.GET.get('page')!r}.") from e
+
+
 @role_required("customer", "contributor")
 def balance(request):
     """Balances and the statement of every ledger entry on the user's accounts; customers top up here."""
@@ -42,7 +56,7 @@ def balance(request):
         topup = selectors.topups_for(customer=user).filter(pk=int(request.GET["topup"])).first()
     context = {
         "balances": [(Account.Kind(kind).label, balances.get(kind, 0)) for kind in kinds],
-        "statement": selectors.statement_for(user=user)[:500], "topup": topup,
+        "statement": _statement_page(request, user), "topup": topup,
         "form": AmountForm(initial={"amount": "20.00"}), "stripe_enabled": stripe_gateway.is_configured(),
         "topup_min": settings.MUNINN_TOPUP_MIN, "topup_max": settings.MUNINN_TOPUP_MAX,
         "currency": settings.MUNINN_CURRENCY,
@@ -84,6 +98,9 @@ def _parse_value(kind: str, text: str):
     return text
 
 
+DILOCO_FIELDS = {"outer_lr": "float", "outer_momentum": "float", "inner_steps": "int"}
+
+
 def _choice_from_post(post, datasets) -> dict:
     template = post.get("template", "")
     hparams = {}
@@ -92,12 +109,18 @@ def _choice_from_post(post, datasets) -> dict:
             text = post.get(f"hp-{template}-{h.name}", "")
             if text.strip():
                 hparams[h.name] = _parse_value(h.kind, text)
+    algorithm = post.get("algorithm", "") or "fedavg"
+    training = {"algorithm": algorithm, "update_encoding": post.get("update_encoding", "") or None}
+    if algorithm == "diloco":  # DiLoCo's settings only: the form disables them for FedAvg, which refuses them
+        for name, kind in DILOCO_FIELDS.items():
+            text = post.get(name, "")
+            training[name] = _parse_value(kind, text) if text.strip() else None
     return {"dataset": post.get("dataset", ""), "template": template, "rounds": post.get("rounds", ""),
             "aggregation": post.get("aggregation", Job.Aggregation.FEDAVG), "hparams": hparams,
-            "base_weights": post.get("base_weights", "")}
+            "base_weights": post.get("base_weights", ""), "training": training}
 
 
-def _issue(request, choice: dict, online_capacity) -> Quote:
+def _issue(request, choice: dict, online_capacity, recent_capable) -> Quote:
     try:
         dataset_id, rounds = int(choice["dataset"]), int(choice["rounds"])
         base_id = int(choice["base_weights"]) if choice["base_weights"] else None
@@ -110,22 +133,24 @@ def _issue(request, choice: dict, online_capacity) -> Quote:
         raise InvalidInput("Choose an aggregation rule from the list.", code="invalid", detail={"field": "aggregation"})
     return services.quote_issue(customer=request.user, dataset=dataset, template=choice["template"],
                                 hparams=choice["hparams"], rounds=rounds, base_weights=base,
-                                aggregation=choice["aggregation"], online_capacity=online_capacity)
+                                aggregation=choice["aggregation"], training=choice["training"],
+                                online_capacity=online_capacity,
+                                recent_capable=recent_capable)
 
 
 def quote_view(quote: Quote | None) -> dict | None:
     """The quote as the page shows it (the same numbers as GET /api/quotes/<id>)."""
     if quote is None:
         return None
-    tier = next(t for t in pricing.TIERS if t.name == quote.device_tier)
+    tier = selectors.quote_tier(quote)
     return {"id": str(quote.pk), "hu": hu_str(flops_to_hu(quote.flops)), "price": _fmt(quote.price),
-            "device_tier": quote.device_tier, "tier_description": tier.description,
+            "device_tier": quote.device_tier, "tier_line": tier["line"], "warning": tier["warning"],
             "expected_seconds": quote.expected_seconds,
             "devices_online": quote.devices_online, "expires_at": quote.expires_at}
 
 
 @role_required("customer")
-def job_new(request, online_capacity=None):
+def job_new(request, online_capacity=None, recent_capable=None):
     """Pick a dataset, a model template and its hyper-parameters (defaults from the data's profile); the quote
     (HU, price, device tier, expected time, capable devices online) follows the form as it changes (the page's
     script asks POST /api/quotes); accepting it holds the price and starts the job. Without the script the
@@ -150,7 +175,7 @@ def job_new(request, online_capacity=None):
                 job = services.quote_accept(customer=request.user, quote_id=post.get("quote", ""))
                 messages.success(request, f"Job {job.pk} started: its quoted price is held from your balance.")
                 return redirect("job-page", job_id=job.pk)
-            quote = _issue(request, choice, online_capacity)
+            quote = _issue(request, choice, online_capacity, recent_capable)
         except MuninnError as e:
             error = e
             if post.get("action") == "accept" and post.get("quote"):
@@ -168,10 +193,33 @@ def job_new(request, online_capacity=None):
         "template": (choice or {}).get("template") or (templates[0]["name"] if templates else ""),
         "rounds": (choice or {}).get("rounds") or suggest.DEFAULT_ROUNDS,
         "aggregations": Job.Aggregation.choices, "aggregation": (choice or {}).get("aggregation", "fedavg"),
+        **_training_context((choice or {}).get("training") or {}),
         "quote": quote_view(quote), "error": error,
         "balance": selectors.balances_for(user=request.user).get(Account.Kind.CUSTOMER_AVAILABLE, 0),
     }
     return render(request, "billing/job_new.html", context, status=400 if error else 200)
+
+
+def _training_context(training: dict) -> dict:
+    """The algorithm and update-encoding controls: the choices, what is chosen, and DiLoCo's settings with the
+    defaults the site would use (jobs.algorithms)."""
+    chosen = {name: training.get(name) for name in DILOCO_FIELDS}
+    defaults = {"outer_lr": algorithms.DEFAULT_OUTER_LR, "outer_momentum": algorithms.DEFAULT_OUTER_MOMENTUM,
+                "inner_steps": algorithms.DEFAULT_INNER_STEPS}
+    return {"algorithms": ALGORITHM_CHOICES, "algorithm": training.get("algorithm") or "fedavg",
+            "encodings": ENCODING_CHOICES, "update_encoding": training.get("update_encoding")
+            or algorithms.DEFAULT_ENCODING,
+            "diloco": {name: defaults[name] if value is None else value for name, value in chosen.items()},
+            "max_inner_steps": algorithms.MAX_INNER_STEPS, "max_outer_lr": algorithms.MAX_OUTER_LR}
+
+
+ALGORITHM_LABELS = {
+    "fedavg": "FedAvg: each device trains `epochs` passes over its shard; the updates are averaged",
+    "diloco": "DiLoCo: each device trains `inner_steps` steps; an outer Nesterov step applies the averaged change"}
+ENCODING_LABELS = {"fp32": "fp32: exact", "fp16": "fp16: about half the upload",
+                   "int8": "int8: about a quarter of the upload (one scale per tensor)"}
+ALGORITHM_CHOICES = [(name, ALGORITHM_LABELS[name]) for name in algorithms.ALGORITHMS]
+ENCODING_CHOICES = [(name, ENCODING_LABELS[name]) for name in algorithms.ENCODINGS]
 
 
 def _is_uuid(text: str) -> bool:

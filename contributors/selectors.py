@@ -50,6 +50,14 @@ def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) ->
     return [(d.pk, d.flops_per_s if d.verified_total > 0 or guess is None else guess) for d in rows]
 
 
+def capable_devices_seen(*, min_memory_bytes: int, backends) -> int:
+    """How many unquarantined devices able to run a job with these needs were seen within
+    MUNINN_DEVICE_RECENT_SECONDS (online now or lately): none means a job of this kind would likely wait."""
+    since = timezone.now() - timedelta(seconds=settings.MUNINN_DEVICE_RECENT_SECONDS)
+    seen = Device.objects.filter(is_active=True, quarantined_at__isnull=True, last_seen_at__gte=since)
+    return sum(1 for d in seen if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends))
+
+
 def capacity_for(*, min_memory_bytes: int, backends) -> dict:
     """What the devices online offer a job with these needs, enough to tell its customer why it waits:
     `available` online and unquarantined devices, `capable` of them able to run it, `busy` of those holding a

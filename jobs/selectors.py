@@ -17,6 +17,23 @@ def dataset_get(*, owner, dataset_id: int) -> Dataset:
     return get_object_or_404(datasets_for(owner=owner), pk=dataset_id)
 
 
+MISSING_ROWS_NAMED = 5
+
+
+def missing_values_notes(profile: dict) -> list[dict]:
+    """The profile's filled missing values as the dataset page shows them, one per column: how many rows, the
+    first few of them (the file's line numbers), how many more, and what they were filled with."""
+    notes = []
+    for column, found in (profile.get("missing") or {}).items():
+        rows = list(found.get("rows") or [])[:MISSING_ROWS_NAMED]
+        count = found.get("count", len(rows))
+        fill = found.get("filled_with")
+        notes.append({"column": column, "count": count, "rows": rows, "more": max(0, count - len(rows)),
+                      "fill": f"{fill:.6g}" if isinstance(fill, float) else str(fill),
+                      "fill_kind": "the median" if isinstance(fill, (int, float)) else "the category"})
+    return notes
+
+
 def jobs_for(*, owner) -> QuerySet[Job]:
     return Job.objects.filter(owner=owner).select_related("dataset")
 

@@ -53,7 +53,8 @@ def datasets(request):
 @role_required("customer")
 def dataset_detail(request, dataset_id: int):
     dataset = selectors.dataset_get(owner=request.user, dataset_id=dataset_id)
-    return render(request, "jobs/dataset.html", {"dataset": dataset, "profile": dataset.profile})
+    return render(request, "jobs/dataset.html", {"dataset": dataset, "profile": dataset.profile,
+                                                 "missing": selectors.missing_values_notes(dataset.profile)})
 
 
 @role_required("customer")

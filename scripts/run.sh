@@ -10,6 +10,12 @@ PORT="${MUNINN_PORT:-8000}"
 URL="http://$HOST:$PORT"
 mkdir -p var/log
 
+# The site as its users meet it: DEBUG off, so errors are the site's own 403/404/500 pages rather than Django's
+# debug pages (whitenoise still serves the static files). Set DEBUG=true to get the debug pages back.
+export DEBUG="${DEBUG:-false}" ALLOWED_HOSTS="${ALLOWED_HOSTS:-$HOST,localhost,127.0.0.1}"
+[ -s var/secret-key ] || (umask 077; $PY -c 'import secrets; print(secrets.token_urlsafe(50))' >var/secret-key)
+export SECRET_KEY="${SECRET_KEY:-$(cat var/secret-key)}"
+
 logins=$($PY manage.py seed_demo)
 contributor_token=$($PY -c 'import json,sys; print(json.loads(sys.argv[1])["contributor"]["token"])' "$logins")
 

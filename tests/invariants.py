@@ -24,12 +24,12 @@ def assert_no_negative_balance() -> None:
 
 
 def assert_job_within_quote(job: Job) -> None:
-    """Never charged more than quoted, and exactly the price of the verified work at the quoted rate."""
+    """Never charged more than quoted, and exactly the verified work's share of the quoted price (by FLOPs)."""
     m = ledger.job_money(job=job)
     assert m["quoted"] == job.quote.price
     assert 0 <= m["charged"] <= job.quote.price, m
     assert m["flops_charged"] <= job.quote.flops
-    assert m["charged"] == money.price_for_flops(m["flops_charged"], job.quote.price_per_hu, round_up=False)
+    assert m["charged"] == money.price_share(job.quote.price, job.quote.flops, m["flops_charged"])
     assert m["held"] >= 0
     if job.is_ended:
         assert m["held"] == 0, m

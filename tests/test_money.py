@@ -4,7 +4,8 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.money import format_money, price_for_flops, split_charge, step_price, to_nanos
+from billing.money import (format_money, price_for_flops, price_share, quote_price, split_charge, step_share,
+                           to_nanos)
 
 
 def test_one_hu_costs_the_price_per_hu():
@@ -27,6 +28,27 @@ def test_format_money():
     assert format_money(-to_nanos("1")) == "-€1.00"
 
 
+def test_amounts_of_a_cent_or_more_are_shown_to_the_cent_and_smaller_ones_exactly():
+    assert format_money(99_999_999_817) == "€100.00"  # a balance after a few tiny jobs
+    assert format_money(99_999_999_817, exact=True) == "€99.999999817"
+    assert format_money(1_234_567_890_123) == "€1,234.57"
+    assert format_money(to_nanos("0.015")) == "€0.02"
+    assert format_money(23_300) == "€0.0000233"  # one unit's earnings: never shown as nothing
+    assert format_money(9_999_999) == "€0.009999999"
+    assert format_money(-99_999_999_817) == "-€100.00"
+
+
+def test_a_job_is_never_quoted_below_the_minimum_charge():
+    assert quote_price(10**9, Decimal("0.21"), minimum=to_nanos("0.01")) == to_nanos("0.01")
+    assert quote_price(10**16, Decimal("0.21"), minimum=to_nanos("0.01")) == to_nanos("0.21")
+
+
+def test_a_units_share_of_the_price_follows_its_flops_and_never_exceeds_the_price():
+    assert price_share(to_nanos("0.01"), 300, 100) == 3_333_333
+    assert price_share(to_nanos("0.01"), 300, 300) == to_nanos("0.01")
+    assert price_share(to_nanos("0.01"), 300, 600) == to_nanos("0.01")  # work beyond the estimate is free
+
+
 @given(st.lists(st.integers(min_value=0, max_value=10**18), min_size=1, max_size=50),
        st.decimals(min_value=Decimal("0.01"), max_value=Decimal("100"), places=2))
 def test_unit_charges_never_add_up_to_more_than_the_quote(unit_flops, price):
@@ -41,14 +63,14 @@ def test_split_is_exact_and_never_negative(amount, share):
     assert to_contributor + fee == amount and to_contributor >= 0 and fee >= 0
 
 
-@given(st.lists(st.integers(min_value=0, max_value=10**12), min_size=1, max_size=60),
-       st.decimals(min_value=Decimal("0.01"), max_value=Decimal("100"), places=2))
-def test_cumulative_unit_prices_add_up_to_the_price_of_the_whole(unit_flops, price):
-    charged, before = 0, 0
+@given(st.lists(st.integers(min_value=1, max_value=10**12), min_size=1, max_size=60),
+       st.integers(min_value=to_nanos("0.01"), max_value=10**13))
+def test_unit_shares_add_up_to_exactly_the_quote_when_the_job_does_its_quoted_work(unit_flops, price):
+    quoted, charged, before = sum(unit_flops), 0, 0
     for flops in unit_flops:
-        step = step_price(before, flops, price)
+        step = step_share(price, quoted, before, flops)
         assert step >= 0
         charged += step
         before += flops
-    assert charged == price_for_flops(sum(unit_flops), price, round_up=False)
-    assert charged <= price_for_flops(sum(unit_flops), price, round_up=True) <= charged + 1
+        assert charged == price_share(price, quoted, before) <= price
+    assert charged == price

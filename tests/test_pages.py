@@ -166,7 +166,7 @@ def test_a_job_over_the_balance_is_refused_with_a_message_and_nothing_changes(se
                                                    "aggregation": "fedavg", "action": "accept", "quote": quote.pk})
     page = response.content.decode()
     assert response.status_code == 400
-    assert f"This job costs {money.format_money(quote.price)} but your balance is €10.00" in page
+    assert f"This job costs {money.format_money(quote.price, exact=True)} but your balance is €10.00" in page
     assert Job.objects.count() == 0
 
 

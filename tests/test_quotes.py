@@ -1,15 +1,21 @@
 """Quotes: a binding price with a device tier and an expected wall time; starting a job accepts one."""
 from __future__ import annotations
 
+import io
 from datetime import timedelta
 
+import numpy as np
 import pytest
+from django.test import Client
 from django.utils import timezone
+from muninn_worker.samples import synthetic_images
 
 from billing import pricing
 from billing import selectors as ledger
 from billing.models import Quote, Transaction
 from jobs.models import Job
+
+from .conftest import CAPABILITIES, SimulatedDevice, _named
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GIB = 2**30
@@ -30,6 +36,12 @@ def test_expected_wall_time_divides_the_work_by_the_devices_combined_speed():
     assert seconds == 3 * (2000 / 400 + 5)
     assert pricing.expected_wall_seconds(flops_per_round=1000, rounds=1, device_flops_per_s=[0.0],
                                          round_overhead_seconds=5.0) is None
+
+
+def test_the_tier_line_names_the_backend_the_units_go_to():
+    small = pricing.device_tier(10 * 2**20)
+    assert pricing.tier_line(small, ("cuda",)) == "S — NVIDIA GPU (CUDA) only: a GPU with 2 GiB free"
+    assert pricing.tier_line(small, ("cpu",)) == "S — CPU: any device with 2 GiB of memory free"
 
 
 def quote(api, dataset_id: int, **extra) -> dict:
@@ -137,3 +149,59 @@ def test_a_job_started_without_a_quote_gets_one_at_the_current_price(customer_ap
 
     job = Job.objects.get(pk=response.json()["id"])
     assert job.quote.price == ledger.job_money(job=job)["quoted"] > 0
+
+
+@pytest.fixture
+def shapes_dataset(customer_api) -> dict:
+    images, labels = synthetic_images(per_class=8, size=8)
+    buffer = io.BytesIO()
+    np.savez(buffer, X=images, y=labels)
+    response = customer_api.post("/api/datasets", {"file": _named(buffer.getvalue(), "shapes.npz")},
+                                 format="multipart")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+RESNET18 = {"template": "resnet18", "hparams": {"base_width": 8, "image_size": 16, "batch_size": 8}}
+
+
+def test_a_resnet18_quote_names_cuda_and_warns_when_no_cuda_device_was_seen(customer_api, shapes_dataset,
+                                                                            make_device):
+    make_device("laptop")  # a CPU-only device online: it cannot take resnet18's units
+
+    q = quote(customer_api, shapes_dataset["id"], **RESNET18)
+
+    assert q["device_tier"]["line"] == "S — NVIDIA GPU (CUDA) only: a GPU with 2 GiB free"
+    assert q["device_tier"]["backends"] == ["cuda"]
+    assert q["devices_online"] == 0 and q["devices_recent"] == 0
+    assert q["device_tier"]["warning"].startswith(
+        "No device that can run this job (NVIDIA GPU (CUDA) only: a GPU with 2 GiB free) has been online in the "
+        "last 24 hours. If you start it, its price is held while it waits for one")
+
+
+def test_a_quote_does_not_warn_when_a_capable_device_was_seen_lately(customer_api, shapes_dataset, contributor,
+                                                                    settings):
+    rig = SimulatedDevice(contributor, "rig")
+    rig.device.capabilities = {**CAPABILITIES, "backends": ["cpu", "cuda"],
+                               "gpus": [{"name": "RTX 4090", "memory_bytes": 24 * 2**30}]}
+    rig.device.gpu_memory_bytes = 24 * 2**30
+    rig.device.last_seen_at = timezone.now() - timedelta(hours=3)  # offline now, but seen today
+    rig.device.save()
+
+    q = quote(customer_api, shapes_dataset["id"], **RESNET18)
+
+    assert q["devices_online"] == 0 and q["devices_recent"] == 1 and q["device_tier"]["warning"] is None
+    settings.MUNINN_DEVICE_RECENT_SECONDS = 3600
+    assert quote(customer_api, shapes_dataset["id"], **RESNET18)["device_tier"]["warning"] is not None
+
+
+def test_the_new_job_page_shows_the_tier_line_and_the_warning(customer, shapes_dataset):
+    client = Client()
+    client.force_login(customer)
+    page = client.post("/jobs/new/", {"dataset": shapes_dataset["id"], "template": "resnet18",
+                                               "rounds": 1, "aggregation": "fedavg", "hp-resnet18-base_width": "8",
+                                               "hp-resnet18-image_size": "16", "hp-resnet18-batch_size": "8",
+                                               "action": "quote"}).content.decode()
+
+    assert "S — NVIDIA GPU (CUDA) only: a GPU with 2 GiB free" in page
+    assert "No device that can run this job" in page

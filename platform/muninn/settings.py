@@ -188,9 +188,16 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 MUNINN_CURRENCY = env.str("MUNINN_CURRENCY", default="EUR")
 MUNINN_PRICE_PER_HU = Decimal(env.str("MUNINN_PRICE_PER_HU", default="0.21"))
 MUNINN_CONTRIBUTOR_SHARE = Decimal(env.str("MUNINN_CONTRIBUTOR_SHARE", default="0.70"))
+# Small work still pays visibly: no job is quoted less than this (its units share the quoted price in proportion
+# to their FLOPs), and every verified unit earns its contributor at least MUNINN_MIN_EARNING_PER_UNIT (the
+# platform's fee makes up what the customer's share of the quote does not cover). Amounts in the currency.
+MUNINN_MIN_CHARGE_PER_JOB = Decimal(env.str("MUNINN_MIN_CHARGE_PER_JOB", default="0.01"))
+MUNINN_MIN_EARNING_PER_UNIT = Decimal(env.str("MUNINN_MIN_EARNING_PER_UNIT", default="0.00001"))
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
 MUNINN_RESERVATION_SECONDS = env.int("MUNINN_RESERVATION_SECONDS", default=10)  # a shard waits this long for its device
 MUNINN_DEVICE_ONLINE_SECONDS = env.int("MUNINN_DEVICE_ONLINE_SECONDS", default=60)
+# A quote warns before the customer pays when no device able to run the job has been seen for this long.
+MUNINN_DEVICE_RECENT_SECONDS = env.int("MUNINN_DEVICE_RECENT_SECONDS", default=24 * 3600)
 # A running job with no capable device online and in good standing (unquarantined) for this long fails and
 # its unused hold is released. Devices that are only busy with other work do not count against it.
 MUNINN_JOB_WAIT_LIMIT = env.int("MUNINN_JOB_WAIT_LIMIT", default=4 * 3600)

@@ -9,10 +9,19 @@ register = template.Library()
 
 @register.filter
 def money(nanos) -> str:
-    """Integer nano-units of the currency, shown as the one money helper shows them."""
+    """Integer nano-units of the currency, shown as the one money helper shows them (to the cent, or exactly
+    when less than a cent)."""
     from billing.money import format_money
 
     return format_money(int(nanos or 0), settings.MUNINN_CURRENCY)
+
+
+@register.filter
+def money_exact(nanos) -> str:
+    """Every digit of the amount (a statement's entries, a balance's tooltip)."""
+    from billing.money import format_money
+
+    return format_money(int(nanos or 0), settings.MUNINN_CURRENCY, exact=True)
 
 
 @register.filter

@@ -18,6 +18,11 @@
     });
   }
 
+  function showAlgorithm() {
+    const fs = $("diloco-settings");
+    fs.hidden = fs.disabled = $("id_algorithm").value !== "diloco";
+  }
+
   function value(input) {
     const text = input.value.trim();
     if (text === "") return undefined;
@@ -41,6 +46,14 @@
     const rounds = $("id_rounds").value.trim();
     const body = {dataset: Number(datasetSelect.value), template: templateSelect.value, hparams: hparams,
                   rounds: /^\d+$/.test(rounds) ? Number(rounds) : rounds, aggregation: $("id_aggregation").value};
+    body.algorithm = $("id_algorithm").value;
+    body.update_encoding = $("id_update_encoding").value;
+    if (body.algorithm === "diloco") {
+      ["outer_lr", "outer_momentum", "inner_steps"].forEach((name) => {
+        const v = value($("id_" + name));
+        if (v !== undefined) body[name] = v;
+      });
+    }
     const base = $("id_base_weights");
     if (base && base.value) body.base_weights = Number(base.value);
     return body;
@@ -57,7 +70,9 @@
     $("quote-error").innerHTML = "";
     $("quote-hu").textContent = q.hu + " HU";
     $("quote-price").textContent = q.price.display;
-    $("quote-tier").textContent = q.device_tier.name + " — " + q.device_tier.description;
+    $("quote-tier").textContent = q.device_tier.line;
+    $("quote-warning").textContent = q.device_tier.warning || "";
+    $("quote-warning").hidden = !q.device_tier.warning;
     $("quote-time").textContent = seconds(q.expected_seconds);
     $("quote-devices").textContent = q.devices_online === 0
       ? "none right now: the job waits until a device that can run it comes online"
@@ -71,6 +86,7 @@
   function showError(error) {
     $("quote-error").innerHTML = Muninn.errorHtml(error, "quote-error-message");
     $("quote-figures").hidden = true;
+    $("quote-warning").hidden = true;
     $("quote-waiting").hidden = true;
     $("id_quote").value = "";
     $("accept-button").disabled = true;
@@ -94,6 +110,7 @@
   }
 
   templateSelect.addEventListener("change", () => { showTemplate(); changed(); });
+  $("id_algorithm").addEventListener("change", () => { showAlgorithm(); changed(); });
   datasetSelect.addEventListener("change", () => {
     // Another dataset has other templates and defaults: the server renders them.
     window.location.search = "?dataset=" + encodeURIComponent(datasetSelect.value);
@@ -101,5 +118,6 @@
   form.addEventListener("input", (e) => { if (e.target !== datasetSelect) changed(); });
   $("quote-button").hidden = true;  // the script keeps the quote current
   showTemplate();
+  showAlgorithm();
   if (!$("id_quote").value && !$("quote-error").innerHTML.trim()) requestQuote();
 })();
