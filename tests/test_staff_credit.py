@@ -27,6 +27,11 @@ def available(user: User) -> int:
     return ledger.balances_for(user=user).get(Account.Kind.CUSTOMER_AVAILABLE, 0)
 
 
+def sign_up_form(username: str) -> dict:
+    return {"username": username, "email": f"{username}@example.com", "password1": "a-long-pass-123",
+            "password2": "a-long-pass-123", "role": "customer"}
+
+
 def books() -> tuple[int, int, int]:
     return Transaction.objects.count(), Entry.objects.count(), CreditAudit.objects.count()
 
@@ -97,8 +102,7 @@ def test_staff_page_links_to_the_credit_form(staff):
 def test_a_new_customer_gets_the_demo_credit_when_it_is_set(settings, db):
     settings.MUNINN_DEMO_CREDIT = Decimal("100.00")
 
-    page = Client().post("/signup/", {"username": "newbie", "email": "newbie@example.com", "password1": "a-long-pass-123",
-                                      "password2": "a-long-pass-123", "role": "customer"})
+    page = Client().post("/signup/", sign_up_form("newbie"))
     api = APIClient().post("/api/auth/signup", {"username": "newbie2", "password": "a-long-pass-123",
                                                 "role": "customer"}, format="json")
 
@@ -117,8 +121,7 @@ def test_a_new_customer_gets_the_demo_credit_when_it_is_set(settings, db):
 def test_no_demo_credit_when_it_is_unset(settings, db):
     settings.MUNINN_DEMO_CREDIT = Decimal("0")
 
-    response = Client().post("/signup/", {"username": "newbie", "email": "newbie@example.com", "password1": "a-long-pass-123",
-                                          "password2": "a-long-pass-123", "role": "customer"})
+    response = Client().post("/signup/", sign_up_form("newbie"))
 
     assert response.status_code == 302
     assert available(User.objects.get(username="newbie")) == 0
