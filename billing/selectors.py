@@ -108,3 +108,9 @@ def customer_named(*, username: str):
 def credits_recent(*, limit: int = 50) -> QuerySet[CreditAudit]:
     """The latest manual credits with who gave them and why, newest first (the staff's audit)."""
     return CreditAudit.objects.select_related("customer", "actor", "transaction")[:limit]
+
+
+def unit_earned(*, unit) -> int:
+    """What the unit's charge put in its contributor's pending earnings (nanos; 0 before it is charged)."""
+    return Entry.objects.filter(transaction__kind=Transaction.Kind.CHARGE, transaction__unit=unit,
+                                account__kind=Account.Kind.CONTRIBUTOR_PENDING).aggregate(s=Sum("amount"))["s"] or 0
