@@ -28,7 +28,7 @@ class SignupView(APIView):
     def post(self, request):
         data = SignupSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = services.user_create(**data.validated_data)
+        user = services.user_sign_up(**data.validated_data)
         return Response({"id": user.id, "username": user.username, "role": user.role,
                          "token": services.token_for(user=user)}, status=201)
 

@@ -3,6 +3,7 @@ from django.db import transaction
 from rest_framework.authtoken.models import Token
 
 from .models import User
+from .signals import user_signed_up
 
 
 @transaction.atomic
@@ -11,6 +12,15 @@ def user_create(*, username: str, password: str, role: str = User.Role.CUSTOMER,
     user.set_password(password)
     user.full_clean(exclude=["password"])
     user.save()
+    return user
+
+
+@transaction.atomic
+def user_sign_up(*, username: str, password: str, role: str = User.Role.CUSTOMER, email: str = "") -> User:
+    """A visitor signs up (the page or the API): the account, then `user_signed_up` (billing gives a new customer
+    the demo credit when MUNINN_DEMO_CREDIT is set)."""
+    user = user_create(username=username, password=password, role=role, email=email)
+    user_signed_up.send(sender=User, user=user)
     return user
 
 

@@ -16,7 +16,7 @@ def signup(request):
     form = SignupForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        user = services.user_create(username=data["username"], password=data["password1"], role=data["role"],
+        user = services.user_sign_up(username=data["username"], password=data["password1"], role=data["role"],
                                     email=data["email"])
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect(home_for(user))

@@ -2,7 +2,7 @@
 next to the evidence it shows (devices, receipts)."""
 from django.contrib import admin
 
-from .models import Account, Entry, Quote, StripeEvent, TopUp, Transaction
+from .models import Account, CreditAudit, Entry, Quote, StripeEvent, TopUp, Transaction
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -33,6 +33,12 @@ class TransactionAdmin(ReadOnlyAdmin):
     list_filter = ("kind",)
     search_fields = ("idempotency_key", "memo")
     inlines = [EntryInline]
+
+
+@admin.register(CreditAudit)
+class CreditAuditAdmin(ReadOnlyAdmin):
+    list_display = ("at", "customer", "amount", "actor", "reason")
+    search_fields = ("customer__username", "actor__username", "reason")
 
 
 @admin.register(Account)

@@ -228,3 +228,22 @@ class PayoutAudit(models.Model):
 
     def __str__(self) -> str:
         return f"payout {self.payout_id} {self.action} by {self.actor or 'system'}"
+
+
+class CreditAudit(models.Model):
+    """Append-only: every manual credit (a `grant` on the ledger) with who gave it, to whom, how much, when and
+    why. `actor` is empty for the automatic demo credit on sign-up (MUNINN_DEMO_CREDIT)."""
+
+    transaction = models.OneToOneField(Transaction, on_delete=models.PROTECT, related_name="credit_audit")
+    customer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()  # nanos
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT,
+                              related_name="+")
+    reason = models.TextField()
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"credit of {self.amount} nanos to {self.customer} by {self.actor or 'system'}"

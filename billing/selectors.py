@@ -5,11 +5,12 @@ from django.conf import settings
 from django.db.models import QuerySet, Sum
 from django.shortcuts import get_object_or_404
 
+from accounts.models import User
 from jobs import selectors as job_selectors
 from jobs import services as job_services
 
 from . import pricing
-from .models import Account, Entry, Payout, Quote, Transaction
+from .models import Account, CreditAudit, Entry, Payout, Quote, Transaction
 
 
 def account_balance(*, account: Account) -> int:
@@ -115,3 +116,19 @@ def payout_account_for(*, contributor):
 def payouts_requested() -> QuerySet[Payout]:
     """The staff's review queue: requests waiting for a decision, oldest first."""
     return Payout.objects.filter(status=Payout.Status.REQUESTED).select_related("contributor").order_by("requested_at")
+
+
+def customer_named(*, username: str):
+    """The customer account with this username, or None (another role's account is not a customer)."""
+    return User.objects.filter(username=username, role=User.Role.CUSTOMER).first()
+
+
+def credits_recent(*, limit: int = 50) -> QuerySet[CreditAudit]:
+    """The latest manual credits with who gave them and why, newest first (the staff's audit)."""
+    return CreditAudit.objects.select_related("customer", "actor", "transaction")[:limit]
+
+
+def unit_earned(*, unit) -> int:
+    """What the unit's charge put in its contributor's pending earnings (nanos; 0 before it is charged)."""
+    return Entry.objects.filter(transaction__kind=Transaction.Kind.CHARGE, transaction__unit=unit,
+                                account__kind=Account.Kind.CONTRIBUTOR_PENDING).aggregate(s=Sum("amount"))["s"] or 0

@@ -15,11 +15,12 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from accounts.models import User
 from jobs import services as job_services
 from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
 
 from . import money, pricing, selectors
-from .models import Account, Entry, Quote, Transaction
+from .models import Account, CreditAudit, Entry, Quote, Transaction
 
 log = logging.getLogger(__name__)
 Kind = Account.Kind
@@ -70,16 +71,35 @@ def _fmt(nanos: int) -> str:
 
 
 def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None = None) -> Transaction:
-    """Staff credit a customer's balance by hand (no payment provider involved), with a reason on record."""
+    """Credit a customer's balance by hand (no payment provider involved): a `grant` on the ledger and its audit
+    row (who, to whom, how much, when, why), once per key. `granted_by` is the staff member, or None for the
+    automatic demo credit (`demo_credit_grant`)."""
+    if getattr(user, "role", None) != User.Role.CUSTOMER:
+        raise InvalidInput(f"{user} is not a customer account; only customers have a balance to credit.",
+                           code="not_a_customer")
     if amount <= 0:
         raise InvalidInput("A credit must be a positive amount.", code="bad_amount")
     if not reason.strip():
         raise InvalidInput("A manual credit needs a reason.", code="reason_required")
-    return ledger_post(
-        key=key or f"grant:{uuid.uuid4()}", kind=Transaction.Kind.GRANT, memo=reason, created_by=granted_by,
-        lines=[(account_for(kind=Kind.PLATFORM_GRANTS), -amount),
-               (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=user), amount)],
-    )
+    with transaction.atomic():
+        txn = ledger_post(
+            key=key or f"grant:{uuid.uuid4()}", kind=Transaction.Kind.GRANT, memo=reason, created_by=granted_by,
+            lines=[(account_for(kind=Kind.PLATFORM_GRANTS), -amount),
+                   (account_for(kind=Kind.CUSTOMER_AVAILABLE, owner=user), amount)],
+        )
+        CreditAudit.objects.get_or_create(transaction=txn, defaults={
+            "customer": user, "amount": amount, "actor": granted_by, "reason": reason.strip()})
+    return txn
+
+
+def demo_credit_grant(*, user) -> Transaction | None:
+    """The demo credit a new customer gets on sign-up when MUNINN_DEMO_CREDIT is set (`make run` sets it, so the
+    embedded default is usable end to end without Stripe); None when it is unset or 0, or for other roles."""
+    amount = money.to_nanos(settings.MUNINN_DEMO_CREDIT)
+    if amount <= 0 or user.role != User.Role.CUSTOMER:
+        return None
+    return balance_grant(user=user, amount=amount, reason="demo credit on sign-up (MUNINN_DEMO_CREDIT)",
+                         granted_by=None, key=f"grant:demo-credit:{user.pk}")
 
 
 # --- Quotes ---------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from django.contrib import messages
 from django.core.paginator import InvalidPage, Paginator
 from django.http import Http404
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.pages import role_required
 from jobs import algorithms, suggest
@@ -19,8 +19,8 @@ from jobs.models import Job
 from muninn.errors import InvalidInput, MuninnError
 from muninn_worker import zoo
 
-from . import money, payments, selectors, services, stripe_gateway
-from .forms import AmountForm
+from . import money, payments, pricing, selectors, services, stripe_gateway
+from .forms import AmountForm, CreditForm
 from .models import Account, Quote
 
 CUSTOMER_ACCOUNTS = (Account.Kind.CUSTOMER_AVAILABLE, Account.Kind.CUSTOMER_HELD)
@@ -78,6 +78,34 @@ def topup(request):
         messages.error(request, e.message)
         return redirect("balance-page")
     return redirect(started.checkout_url)
+
+
+# --- Staff: credit a customer's balance by hand -------------------------------------------------------
+
+@require_http_methods(["GET", "POST"])
+@role_required("staff")
+def staff_credit(request):
+    """Credit a customer's balance (a `grant` on the ledger, audited: who, when, why), e.g. when Stripe is off; the
+    latest credits are listed under the form."""
+    form = CreditForm(request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        customer = selectors.customer_named(username=data["customer"])
+        if customer is None:
+            form.add_error("customer", f"No customer is called {data['customer']!r} (check the username; only "
+                                       "customer accounts have a balance to credit).")
+        else:
+            try:
+                services.balance_grant(user=customer, amount=money.to_nanos(data["amount"]), reason=data["reason"],
+                                       granted_by=request.user)
+            except MuninnError as e:
+                form.add_error(None, e.message)
+            else:
+                messages.success(request, f"Credited {_fmt(money.to_nanos(data['amount']))} to "
+                                          f"{customer.username}: {data['reason']}")
+                return redirect("staff-credit-page")
+    return render(request, "billing/staff_credit.html", {"form": form, "credits": selectors.credits_recent()},
+                  status=400 if form.errors else 200)
 
 
 # --- New job: choose, see the quote, accept ---------------------------------------------------------

@@ -10,6 +10,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsContributor, IsCustomer
+from billing import money
+from billing import selectors as ledger
 from jobs import selectors as job_selectors
 from jobs import services as job_services
 from jobs import storage
@@ -187,6 +189,16 @@ class ReceiptSerializer(serializers.Serializer):
         help_text="[weights sha256, optimizer sha256] at every segment boundary (docs/worker-protocol.md)")
 
 
+def credited_payload(receipt) -> dict:
+    """What an accepted result was credited: its HU and what its contributor earned (their share of the unit's
+    charge), in nanos and as the site shows money, so the worker can say it in money. Nothing while its segments
+    are being checked (it is credited when the check passes), nor when it was refused."""
+    accepted = receipt.status == receipt.Status.ACCEPTED
+    earned = ledger.unit_earned(unit=receipt.unit) if accepted else 0
+    return {"credited_hu": hu_str(receipt.unit.hu if accepted else 0), "earned_nanos": earned,
+            "earned": money.format_money(earned, settings.MUNINN_CURRENCY), "currency": settings.MUNINN_CURRENCY}
+
+
 class ResultView(DeviceView):
     parser_classes = [MultiPartParser, FormParser]
 
@@ -209,10 +221,8 @@ class ResultView(DeviceView):
                                         receipt=receipt.validated_data, receipt_bytes=receipt_text.encode(),
                                         signature=str(request.data.get("signature") or ""),
                                         max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
-        credited = stored.unit.hu if stored.status == stored.Status.ACCEPTED else 0
         return Response({"unit": unit_id, "status": stored.status, "hu": hu_str(stored.unit.hu),
-                         "credited_hu": hu_str(credited), "challenge": challenges.challenge_payload(stored)},
-                        status=201)
+                         **credited_payload(stored), "challenge": challenges.challenge_payload(stored)}, status=201)
 
 
 class CheckpointView(DeviceView):
@@ -230,9 +240,10 @@ class CheckpointView(DeviceView):
                            f"{2 * settings.MUNINN_MAX_RESULT_BYTES:,}.")
         receipt = challenges.checkpoint_submit(device=request.auth, unit_id=unit_id, boundary=boundary,
                                                data=upload.read())
+        receipt.refresh_from_db()  # the check may have been decided since (a validator that ran at once)
         return Response({"unit": unit_id, "status": receipt.status, "reason": receipt.reason,
                          "missing": challenges.missing_boundaries(receipt)
-                         if receipt.status == receipt.Status.PENDING else []})
+                         if receipt.status == receipt.Status.PENDING else [], **credited_payload(receipt)})
 
 
 class ChallengesView(DeviceView):

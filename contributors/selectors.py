@@ -78,6 +78,11 @@ def capacity_for(*, min_memory_bytes: int, backends) -> dict:
             "with_cuda": sum(1 for d in available if "cuda" in device_resources(d))}
 
 
+def device_by_id(*, device_id: int) -> Device | None:
+    """Any device by id (for staff tools; a contributor's own devices come from `devices_for`)."""
+    return Device.objects.filter(pk=device_id).first()
+
+
 def devices_for(*, owner) -> QuerySet[Device]:
     return Device.objects.filter(owner=owner).order_by("id")
 

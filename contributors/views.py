@@ -24,7 +24,7 @@ from jobs.models import Job
 from jobs.selectors import job_waiting_reason
 from muninn.errors import MuninnError
 
-from . import reputation, selectors, services
+from . import install, reputation, selectors, services
 from .admin import payout_evidence
 from .models import Device, DeviceEvent
 
@@ -66,6 +66,7 @@ def contribute(request):
     balances = ledger.balances_for(user=user)
     context = {
         "server": _server_url(request), "token": accounts.token_for(user=user), "devices": devices,
+        "install": {"python": install.PYTHON, "torch": install.TORCH, "client": install.CLIENT, "run": install.RUN},
         "earnings": [(label, balances.get(kind, 0)) for label, kind in EARNINGS],
         "payouts": ledger.payouts_for(contributor=user)[:50], "payout_account": ledger.payout_account_for(
             contributor=user), "stripe_enabled": stripe_gateway.is_configured(),

@@ -153,3 +153,29 @@ def job_wait_limit_error(job: Job, waiting: Waiting, *, waited_seconds: float) -
               else "Try a smaller model, or start it again when more devices are online.")
     return (f"No device able to run this job (needs {waiting.need}) was online for {span(waited_seconds)}"
             f"{quarantined}; the unused hold was released. {advice}")
+
+
+def model_input_note(job: Job) -> str:
+    """What the downloaded model of an image job takes, said where the customer downloads it: pixels as uploaded, in
+    the same scale and layout. The model standardises each channel itself (with the training split's mean and std,
+    kept in its buffers), so inputs scaled to 0–1 beforehand silently give chance-level predictions. Empty for
+    tables and text."""
+    shape = (job.dataset.profile or {}).get("image_shape")
+    if not shape:
+        return ""
+    c, h, w = (job.model_config.get(k, d) for k, d in (("channels", shape[0]), ("height", shape[1]),
+                                                         ("width", shape[2])))
+    if job.dataset.format == job.dataset.Format.IMAGES:
+        scale = (f"raw 0–255 pixel values ({'grey, 1 channel' if c == 1 else 'RGB'}), each image resized to {h}×{w} "
+                 "(bilinear)")
+    else:
+        scale = "the same scale as the X array you uploaded (e.g. 0–255, or 0–16 for scikit-learn's digits)"
+    if "channels" in job.model_config:  # an image template: channels first, whatever the upload's layout
+        layout = f"float32 [batch, {c}, {h}, {w}] (channels first)"
+    elif job.dataset.format == job.dataset.Format.IMAGES:
+        layout = f"float32 [batch, {c * h * w}] (each image's [{c}, {h}, {w}] pixels flattened, channels first)"
+    else:
+        layout = f"float32 [batch, {c * h * w}] (each image flattened as the rows of your X were)"
+    return (f"This model takes {layout} with {scale}. Do not divide by 255 or normalise: the model standardises "
+            "each channel itself with your training data's mean and spread, and pixels scaled to 0–1 silently give "
+            "chance-level predictions.")

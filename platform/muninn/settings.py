@@ -231,6 +231,11 @@ MUNINN_EARNINGS_HOLD_SECONDS = env.int("MUNINN_EARNINGS_HOLD_SECONDS", default=7
 MUNINN_TOPUP_MIN = Decimal(env.str("MUNINN_TOPUP_MIN", default="5.00"))
 MUNINN_TOPUP_MAX = Decimal(env.str("MUNINN_TOPUP_MAX", default="5000.00"))
 MUNINN_PAYOUT_MIN = Decimal(env.str("MUNINN_PAYOUT_MIN", default="10.00"))
+# Credited to every customer who signs up (a `grant` with its audit row), so a site without Stripe is usable end
+# to end. Off (0) unless set: scripts/run.sh (`make run`) sets it to 100.00 unless the environment says otherwise.
+MUNINN_DEMO_CREDIT = Decimal(env.str("MUNINN_DEMO_CREDIT", default="0"))
+# The most one staff credit (the /staff/credits/ form) may add, against typos.
+MUNINN_CREDIT_MAX = Decimal(env.str("MUNINN_CREDIT_MAX", default="10000.00"))
 
 # --- Stripe (unset: top-ups and payouts are disabled, with a message saying so) ----------------------
 STRIPE_SECRET_KEY = env.str("STRIPE_SECRET_KEY", default="")

@@ -63,6 +63,7 @@ pages = [
     path("contribute/payouts/onboarding", contributors_views.payout_onboarding, name="payout-onboarding-page"),
     path("contribute/payouts/request", contributors_views.payout_request, name="payout-request-page"),
     path("staff/", contributors_views.staff_home, name="staff-home"),
+    path("staff/credits/", billing_views.staff_credit, name="staff-credit-page"),
     path("staff/devices/<int:device_id>/lift", contributors_views.device_lift_quarantine, name="device-lift-page"),
     path("staff/devices/<int:device_id>/release-held", contributors_views.device_release_held,
          name="device-release-held-page"),

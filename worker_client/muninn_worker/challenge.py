@@ -55,7 +55,13 @@ class CheckpointStore:
 
 def answer_challenge(client, store: CheckpointStore, challenge: dict) -> str:
     """Upload the checkpoints the site asks for; returns the unit's status after the last one."""
-    status = "pending"
+    return str(upload_challenged_checkpoints(client, store, challenge).get("status", "pending"))
+
+
+def upload_challenged_checkpoints(client, store: CheckpointStore, challenge: dict) -> dict:
+    """Upload the checkpoints the site asks for; returns the site's last answer (its `status`, and what the unit
+    earned once accepted)."""
+    last: dict = {"status": "pending"}
     for boundary in challenge.get("missing", challenge.get("checkpoints", [])):
         path = store.path(int(boundary))
         if not path.exists():
@@ -63,11 +69,11 @@ def answer_challenge(client, store: CheckpointStore, challenge: dict) -> str:
                       challenge.get("unit"), boundary)
             continue
         answer = client.upload_checkpoint(int(challenge["unit"]), int(boundary), path.read_bytes())
-        status = str(answer.get("status", status))
-        log.info("unit %s: checkpoint %s uploaded (%s)", challenge["unit"], boundary, status)
-        if status != "pending":
+        last = {**answer, "status": str(answer.get("status", last["status"]))}
+        log.info("unit %s: checkpoint %s uploaded (%s)", challenge["unit"], boundary, last["status"])
+        if last["status"] != "pending":
             break
-    return status
+    return last
 
 
 def answer_open_challenges(client, root: str | Path) -> int:

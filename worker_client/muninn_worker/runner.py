@@ -23,7 +23,8 @@ import torch
 from muninn_worker import codec
 from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import ContentCache
-from muninn_worker.challenge import CheckpointStore, answer_challenge, answer_open_challenges, run_peer_check
+from muninn_worker.challenge import (CheckpointStore, answer_open_challenges, run_peer_check,
+                                    upload_challenged_checkpoints)
 from muninn_worker.failpoints import failpoint
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
@@ -54,6 +55,8 @@ class RunStats:
     accepted: int = 0
     failed: int = 0
     credited_hu: Decimal = Decimal(0)
+    earned_nanos: int = 0  # the contributor's share of the accepted units' charges, in 10^-9 of the site's currency
+    currency: str = "EUR"
 
 
 def run(
@@ -101,8 +104,8 @@ def run(
         idle_since = clock()
         if not ok:
             sleep(poll_interval)  # a unit that failed here may fail again; do not hammer the site
-    log.info("done: %d unit(s), %d accepted, %s HU credited", stats.units, stats.accepted,
-             format(stats.credited_hu, "f"))
+    log.info("done: %d unit(s), %d accepted, earned %s (%s HU)", stats.units, stats.accepted,
+             format_money(stats.earned_nanos, stats.currency), format(stats.credited_hu, "f"))
     return stats
 
 
@@ -142,7 +145,8 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
             challenge = answer["challenge"]
             log.info("unit %s: the site checks segment(s) %s; uploading checkpoints %s", spec.id,
                      challenge.get("segments"), challenge.get("missing"))
-            answer = {**answer, "status": answer_challenge(client, store, challenge)}
+            checked = upload_challenged_checkpoints(client, store, challenge)
+            answer = {**answer, **{k: v for k, v in checked.items() if k in _CHECKED_FIELDS}}
         _record(answer, spec.id, stats)
         return True
     except KeyboardInterrupt:
@@ -262,8 +266,32 @@ def _record(answer: dict, unit_id: int, stats: RunStats) -> None:
     stats.accepted += 1
     stats.credited_hu += credited
     if status == "rejected":
-        log.warning("unit %s: the site's check refused it", unit_id)
-    log.info("unit %s: uploaded, %s, credited %s HU", unit_id, status, answer.get("credited_hu", "0"))
+        log.warning("unit %s: the site's check refused it; it earns nothing", unit_id)
+        return
+    if status == "pending":
+        log.info("unit %s: uploaded; the site is checking it, and credits its earnings when the check passes",
+                 unit_id)
+        return
+    earned = answer.get("earned_nanos")
+    if isinstance(earned, int) and not isinstance(earned, bool):
+        stats.earned_nanos += earned
+        stats.currency = str(answer.get("currency") or stats.currency)
+        shown = str(answer.get("earned") or format_money(earned, stats.currency))
+    else:  # a site that does not say it in money
+        shown = f"{format(credited, 'f')} HU"
+    log.info("unit %s: accepted, earned %s (%s HU of work)", unit_id, shown, answer.get("credited_hu", "0"))
+
+
+# What a checkpoint's answer adds to the result's once the check is decided (contributors.api.CheckpointView).
+_CHECKED_FIELDS = ("status", "credited_hu", "earned", "earned_nanos", "currency")
+_SYMBOLS = {"EUR": "€", "USD": "$", "GBP": "£"}
+
+
+def format_money(nanos: int, currency: str = "EUR") -> str:
+    """Nanos (10^-9 of the currency) as the site shows money: up to 9 decimals, trailing zeros trimmed to 2."""
+    sign = "-" if nanos < 0 else ""
+    whole, frac = divmod(abs(nanos), 10**9)
+    return f"{sign}{_SYMBOLS.get(currency, currency + ' ')}{whole:,}.{f'{frac:09d}'.rstrip('0').ljust(2, '0')}"
 
 
 # ----------------------------------------------------------------------------------------- helpers

@@ -80,6 +80,9 @@ class FakeSite:
     claim_statuses: list[int] = field(default_factory=list)  # forced statuses for the next claims
     heartbeat_status: int = 200
     result_status: int = 201
+    # What the site says an accepted unit earned (contributors.api.credited_payload); {} as an older site would.
+    result_money: dict = field(default_factory=lambda: {"earned_nanos": 86, "earned": "€0.000000086",
+                                                        "currency": "EUR"})
     download_delay: float = 0.0
     corrupt_downloads: bool = False
     device_token: str = DEVICE_TOKEN
@@ -176,7 +179,8 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
                                  "signature": fields.get("signature")})
             if site.result_status != 201:
                 return self._error(site.result_status, "bad_result", "Weights have the wrong shapes.")
-            self._json(201, {"unit": unit.id, "status": "accepted", "credited_hu": "0.0000001234"})
+            self._json(201, {"unit": unit.id, "status": "accepted", "credited_hu": "0.0000001234",
+                             **site.result_money})
 
         def _error(self, status: int, code: str, message: str) -> None:
             self._json(status, {"error": {"code": code, "message": message, "detail": {}}})

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from conftest import MODEL_CONFIG
 
 from muninn_worker.api import ApiClient
-from muninn_worker.runner import DeviceRejected, run
+from muninn_worker.runner import DeviceRejected, format_money, run
 from muninn_worker.signing import new_private_key, public_key_of
 from muninn_worker.codec import decode_update, roundtrip, unpack
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
@@ -56,7 +56,25 @@ def test_runner_trains_one_unit_and_submits_a_matching_receipt(fake_site, tmp_pa
     sent = decode_update(posted["weights"], initial, "fp32")  # a delta against the global weights
     assert {k: (v.shape, v.dtype) for k, v in sent.items()} == {k: (v.shape, v.dtype) for k, v in initial.items()}
     assert "claimed unit 42 job 3 round 2 (479 samples)" in caplog.text
-    assert "epoch 2/2 loss" in caplog.text and "accepted, credited 0.0000001234 HU" in caplog.text
+    assert "epoch 2/2 loss" in caplog.text
+    assert "unit 42: accepted, earned €0.000000086 (0.0000001234 HU of work)" in caplog.text
+    assert stats.earned_nanos == 86 and "done: 1 unit(s), 1 accepted, earned €0.000000086" in caplog.text
+
+
+def test_runner_says_hu_when_the_site_does_not_say_what_the_unit_earned(fake_site, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="muninn_worker")
+    fake_site.result_money = {}  # an older site: HU only
+    fake_site.add_unit(unit_id=42)
+
+    stats = _run(fake_site, tmp_path)
+
+    assert "unit 42: accepted, earned 0.0000001234 HU" in caplog.text and stats.earned_nanos == 0
+
+
+@pytest.mark.parametrize("nanos, shown", [(0, "€0.00"), (86, "€0.000000086"), (1_500_000_000, "€1.50"),
+                                          (12_345_678_901_234, "€12,345.678901234")])
+def test_worker_shows_money_as_the_site_does(nanos, shown):
+    assert format_money(nanos, "EUR") == shown
 
 
 def test_runner_result_is_what_the_site_gets_by_re_executing_the_unit(fake_site, tmp_path):
