@@ -1,4 +1,4 @@
-"""Does honest GPU work pass the site's segment checks? Trains one unit per template on CUDA and re-trains its
+"""Does honest GPU work pass the site's segment checks? Trains units of every template on CUDA and re-trains their
 segments on the CPU, as the site's validator would.
 
 The worker client trains with segment checkpoints (training.train_local(segment_steps=k, on_boundary=...)),
@@ -11,7 +11,12 @@ run must give bitwise the same checkpoints (two devices of the same kind agree e
 Without CUDA it still runs, with the CPU under numerics="f64" (the stand-in for another device's arithmetic)
 in the GPU's place, and says so; gpu_units_pass is then null. It also prints what the probe reports.
 
-    python bench/gpu_reexecution.py [--templates mlp,cnn,resnet18,transformer,lora] [--segments all]
+    python bench/gpu_reexecution.py [--templates mlp,cnn,resnet18,transformer,lora] [--segments all] [--units 4]
+                                    [--first-unit 0] [--ks 1,2,4,8,16,32] [--save FILE]
+
+--units units per template (different shards, seeds and starts), each at the template's own k and at every
+--ks; --save writes every distance (bench/data/gpu-h100-2026-11-24.json summarises such a run, and
+bench/verification.py folds it into the envelopes; a check of units after --first-unit is then held out).
 
 Last line: JSON with gpu_units_pass (every GPU segment within tolerance), and per template (resnet18 at lr
 0.01 and 0.05) the segment length, tolerance, worst distance and whether the device's two runs were equal.
@@ -91,12 +96,15 @@ def check_unit(case: segment_cases.Case, number: int, k: int, *, cuda: bool, sam
             "validator_s": time.perf_counter() - started}
 
 
-def check_case(case: segment_cases.Case, *, units: int, ks: list[int], cuda: bool, sample: int | None) -> dict:
-    """Every k of `ks` (and the template's own): `units` units each. The verdict is at the template's k."""
+def check_case(case: segment_cases.Case, *, units: int, ks: list[int], cuda: bool, sample: int | None,
+               first_unit: int = 0) -> dict:
+    """Every k of `ks` (and the template's own): `units` units each, from unit `first_unit` on. The verdict is at
+    the template's k."""
     own = tolerances.segment_steps(case.template)
     by_k = {}
     for k in sorted(set(ks) | {own}):
-        runs = [check_unit(case, number, k, cuda=cuda, sample=sample) for number in range(units)]
+        runs = [check_unit(case, number, k, cuda=cuda, sample=sample)
+                for number in range(first_unit, first_unit + units)]
         distances = [d for r in runs for d in r["distances"]]
         by_k[k] = {"tolerance": tolerances.tolerance(case.template, k), "distances": distances,
                    "worst_distance": max(distances), "median_distance": sorted(distances)[len(distances) // 2],
@@ -120,6 +128,8 @@ def main() -> None:
     parser.add_argument("--resnet-width", type=int, default=8, help="as calibrated by bench/verification.py")
     parser.add_argument("--units", type=int, default=4, help="units per template and k (different shards, "
                                                               "seeds and starts: bench/segment_cases.py)")
+    parser.add_argument("--first-unit", type=int, default=0,
+                        help="the first unit's number (units other than a calibration's: a held-out check)")
     parser.add_argument("--ks", default="", help="other segment lengths to measure, e.g. 1,2,4,8,16,32 "
                                                  "(the verdict is at each template's own)")
     parser.add_argument("--save", default="", help="write every distance measured to this JSON file")
@@ -141,7 +151,7 @@ def main() -> None:
     rows = {}
     for case in segment_cases.cases(resnet_width=args.resnet_width):
         if case.template in wanted:
-            rows[case.name] = check_case(case, units=args.units, cuda=cuda, sample=sample,
+            rows[case.name] = check_case(case, units=args.units, cuda=cuda, sample=sample, first_unit=args.first_unit,
                                          ks=[int(k) for k in args.ks.split(",") if k])
 
     device = "gpu" if cuda else "f64"
