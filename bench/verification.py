@@ -18,7 +18,9 @@ would otherwise refuse outright):
                   (Gaussian noise of 1e-3 × the update's norm on an honest result), scaled_x100, sign_flip
                   (of the honest update), nan (one NaN in an honest result)
 A template's segment_steps is the largest k at which every compute-saving cheat of every unit lands at
-≥ SEPARATION × tolerance, with MULTIPLE × envelope < CAP.
+≥ SEPARATION × tolerance, with MULTIPLE × envelope < CAP and a default unit's verification overhead at most
+MAX_OVERHEAD (--max-overhead). Envelopes also cover a real GPU's worst segments (--gpu, bench/data/: a summary
+of bench/gpu_reexecution.py runs), and mlp and cnn get --tail-units more honest units (TAIL_TEMPLATES).
 
 Why MULTIPLE = 10 and FLOOR = 1e-5 (the figures are this bench's, 2026-11-23, and the H100 measurements'):
   - the stand-in is not a GPU: on the H100 a deterministic GPU landed up to 1.2x farther from the CPU than the
@@ -36,12 +38,11 @@ Why MULTIPLE = 10 and FLOOR = 1e-5 (the figures are this bench's, 2026-11-23, an
     distances ≤ 1e-6 for mlp, cnn and lora, against a floor 10x above); the transformer's (up to 1.1e-4) and
     resnet18's thread distances are inside their envelopes, which count them.
 
-    .venv/bin/python bench/verification.py [--units 20] [--quick] [--write] [--load var/verification-distances.json]
-                                           [--max-overhead 0.03]
+    .venv/bin/python bench/verification.py [--units 20] [--tail-units 200] [--quick] [--write]
+                                           [--load var/verification-distances.json] [--max-overhead 0.03]
 
-A full run took 18 to 25 minutes on the shared 2-core machine (resnet18's float64 convolutions are most of it;
---quick: about 4); it saves the raw distances, and --load judges them again in seconds (--max-overhead shows
-the segment lengths a cap on the verification overhead would give; it never writes the table).
+A full run took 11 minutes on the shared 2-core machine (2026-11-24; resnet18's float64 convolutions are most
+of it; --quick: about 4); it saves the raw distances, and --load judges them again in seconds.
 
 The last line is JSON: false_rejections, cheater_expected_gain, verification_overhead and per template its
 segment_steps, tolerance, envelope, units, false rejections and the attacks caught at that k.

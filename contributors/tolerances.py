@@ -5,7 +5,8 @@ float64-rounded-to-float32 stand-in, which tracks a real GPU against a CPU: shar
 the worst relative distance it saw per template and segment length to `data/tolerances.json`: the envelope.
 A segment passes when its distance is at most MULTIPLE × that envelope (never below the floor, which covers a
 validator with another thread count). Each template also has its segment length: the longest whose honest
-envelope stays far from every cheat the calibration tries (`segment_steps`). Pure: reads one JSON file.
+envelope stays far from every cheat the calibration tries and whose verification overhead stays within the
+goal (`segment_steps`). The envelopes also cover a real H100's segments against its CPU. Pure: reads one JSON file.
 """
 from __future__ import annotations
 
