@@ -166,7 +166,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     Returns the evidence kept on the receipt and the decoded state."""
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
-                                                    unit.samples), output_sha256=output_sha)
+                                                    unit.samples, jobs.unit_steps(unit)), output_sha256=output_sha)
     live = list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
                 .order_by("id").values_list("id", "device_id", "unit_id"))
     # Another unit's: the same unit's is this very upload delivered twice, which result_submit answers as a repeat.
