@@ -61,7 +61,8 @@ class DeviceRegisterView(APIView):
         data = DeviceRegisterSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         device, token = services.device_register(owner=request.user, **data.validated_data)
-        return Response({"device_id": device.pk, "device_token": token, "name": device.name}, status=201)
+        return Response({"device_id": device.pk, "device_token": token, "name": device.name,
+                         "quarantined": device.quarantined_at is not None}, status=201)
 
 
 class DeviceView(APIView):
