@@ -1,5 +1,4 @@
-"""Request-wide guards: bodies over their endpoint's limit are refused before they are read, and every
-response carries a Content-Security-Policy."""
+"""Request-wide guards: bodies over their endpoint's limit are refused before they are read."""
 from __future__ import annotations
 
 import re
@@ -59,20 +58,3 @@ def _refuse(request, status: int, code: str, message: str, detail: dict) -> Http
         response = HttpResponse(message, status=status, content_type="text/plain; charset=utf-8")
     response["Connection"] = "close"
     return response
-
-
-# Scripts and styles from this site only (vendored Chart.js included), no inline script; inline style
-# attributes are allowed (the templates use a few; they run no code). No framing, no plugins.
-CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-                           "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'self'; "
-                           "frame-ancestors 'none'")  # no form-action: top-ups and onboarding redirect to Stripe
-
-
-class ContentSecurityPolicyMiddleware:
-    def __init__(self, get_response):
-        self.get_response = get_response
-
-    def __call__(self, request):
-        response = self.get_response(request)
-        response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-        return response

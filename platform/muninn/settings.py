@@ -43,7 +43,6 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "muninn.middleware.BodyLimitMiddleware",  # first: an oversized body is refused before anything reads it
     "django.middleware.security.SecurityMiddleware",
-    "muninn.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
