@@ -16,6 +16,7 @@ def plan_timings(options: argparse.Namespace) -> dict[int, dict[str, float]]:
     """round_open and plan_shards for 10, 100 and 1,000 online devices (best of `--plan-repeats`): wall
     time, and this process's CPU time (the Python side of round_open, its blob-writing threads included)."""
     import numpy as np
+    from django.conf import settings
     from muninn_worker import signing
 
     from accounts.models import User
@@ -29,8 +30,9 @@ def plan_timings(options: argparse.Namespace) -> dict[int, dict[str, float]]:
     customer = User.objects.get(username="customer")
     contributor = User.objects.get(username="contributor")
     rng = np.random.default_rng(0)
-    key = signing.public_key_of(signing.new_private_key())
+    settings.MUNINN_MAX_DEVICES_PER_ACCOUNT = max(PLAN_SIZES)  # one contributor account holds the whole market
     for i in range(Device.objects.count(), max(PLAN_SIZES)):
+        key = signing.public_key_of(signing.new_private_key())  # a key registers one device only
         speed = float(rng.uniform(200, 5000))  # a market of unequal devices
         contributors.device_register(owner=contributor, name=f"plan-{i}", public_key=key, capabilities={
             "cpu_cores": 2, "ram_bytes": 8 * 2**30, "backends": ["cpu"], "gpus": [], "torch_version": "2.13.0",

@@ -23,6 +23,7 @@ def environment(options: argparse.Namespace, tmp: Path) -> dict[str, str]:
         "MUNINN_VAR_DIR": str(tmp),  # blobs, the filesystem broker, logs: gone with the folder
         "MEDIA_ROOT": str(tmp / "media"),
         "DEBUG": "false", "SECRET_KEY": "load-benchmark-only", "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "MUNINN_MAX_DEVICES_PER_ACCOUNT": str(options.devices),  # one contributor account holds the whole fleet
     }
 
 

@@ -61,7 +61,8 @@ class DeviceRegisterView(APIView):
         data = DeviceRegisterSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         device, token = services.device_register(owner=request.user, **data.validated_data)
-        return Response({"device_id": device.pk, "device_token": token, "name": device.name}, status=201)
+        return Response({"device_id": device.pk, "device_token": token, "name": device.name,
+                         "quarantined": device.quarantined_at is not None}, status=201)
 
 
 class DeviceView(APIView):
@@ -170,19 +171,28 @@ class HeartbeatView(DeviceView):
                          "lease_seconds": settings.MUNINN_LEASE_SECONDS})
 
 
+# Every number a receipt carries is bounded before anything reaches the database (a 400 naming the field):
+# counts fit the columns that store them (PositiveIntegerField: 2**31 - 1), ids a bigint, losses and seconds a
+# range no honest run comes near. The unit then bounds them exactly (checks.check_receipt, check_chain).
+MAX_COUNT = 2**31 - 1
+MAX_LOSS = 1e30
+MAX_TRAIN_SECONDS = 366 * 24 * 3600.0
+
+
 class ReceiptSerializer(serializers.Serializer):
-    unit = serializers.IntegerField()
+    unit = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
     weights_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
     shard_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
     output_sha256 = serializers.RegexField(r"^[0-9a-f]{64}$")
-    samples = serializers.IntegerField(min_value=1)
-    steps = serializers.IntegerField(min_value=0)
-    loss_before = serializers.FloatField(allow_null=True)  # null: not finite (training diverged)
-    loss_after = serializers.FloatField(allow_null=True)
+    samples = serializers.IntegerField(min_value=1, max_value=MAX_COUNT)
+    steps = serializers.IntegerField(min_value=0, max_value=MAX_COUNT)
+    # null: not finite (training diverged); NaN and infinities are refused as numbers
+    loss_before = serializers.FloatField(allow_null=True, min_value=-MAX_LOSS, max_value=MAX_LOSS)
+    loss_after = serializers.FloatField(allow_null=True, min_value=-MAX_LOSS, max_value=MAX_LOSS)
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField()
-    train_seconds = serializers.FloatField(min_value=0)
-    segment_steps = serializers.IntegerField(min_value=1)
+    train_seconds = serializers.FloatField(min_value=0, max_value=MAX_TRAIN_SECONDS)
+    segment_steps = serializers.IntegerField(min_value=1, max_value=MAX_COUNT)
     checkpoints = serializers.ListField(
         child=serializers.ListField(child=serializers.RegexField(r"^[0-9a-f]{64}$"), min_length=2, max_length=2),
         min_length=2, max_length=MAX_SEGMENTS + 1,

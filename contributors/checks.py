@@ -29,6 +29,7 @@ class Expected:
     weights_sha256: str
     shard_sha256: str
     samples: int
+    steps: int | None = None  # the optimizer steps the site counts for the unit (jobs.services.unit_steps)
 
 
 def load_public_key(encoded: str) -> Ed25519PublicKey:
@@ -65,6 +66,9 @@ def check_receipt(receipt: Mapping, *, expected: Expected, output_sha256: str) -
     if receipt["samples"] != expected.samples:
         raise ResultRejected("receipt_samples_mismatch",
                              f"The receipt claims {receipt['samples']} samples; the unit's shard has {expected.samples}.")
+    if expected.steps is not None and receipt["steps"] != expected.steps:
+        raise ResultRejected("receipt_steps_mismatch",
+                             f"The receipt claims {receipt['steps']} steps; this unit's training takes {expected.steps}.")
     if receipt["finished_at"] < receipt["started_at"]:
         raise ResultRejected("receipt_bad_times", "The receipt finishes before it starts.")
 

@@ -48,9 +48,11 @@ def peer_checks_create(*, receipt: Receipt) -> list[PeerCheck]:
 
 def peer_check_lease(*, device: Device) -> PeerCheck | None:
     """A queued peer check this device may run: its backend is among the device's, the device has a good record
-    (TRUST_AFTER verified units in a row), and it is not the checked device, nor its owner's, nor a device that
+    (TRUST_AFTER verified units in a row, and not a flagged owner's new device), and it is not the checked device, nor its owner's, nor a device that
     already ran this segment."""
     if device.quarantined_at is not None or device.verified_streak < reputation.TRUST_AFTER:
+        return None
+    if selectors.device_trust_streak(device) < reputation.TRUST_AFTER:  # a flagged owner's new device
         return None
     backends = list(selectors.device_resources(device))
     now = timezone.now()

@@ -15,7 +15,7 @@ from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 from muninn.failpoints import failpoint
 
-from . import checks, reputation, services
+from . import checks, reputation, selectors, services
 from .authentication import touch
 from .checks import Expected, ResultRejected
 from .models import Device, DeviceEvent, Lease, Receipt
@@ -75,14 +75,14 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     state_sha = storage.blob_put(tensors.state_dict_to_bytes(state))
     suspect = evidence["suspect"]
     draw = reputation.draw(settings.SECRET_KEY, unit.pk, str(lease.token))
-    verify = bool(suspect) or "same_bytes_as_receipt" in evidence or reputation.should_reexecute(
-        device.verified_streak, draw)
+    streak = selectors.device_trust_streak(device)
+    verify = bool(suspect) or "same_bytes_as_receipt" in evidence or reputation.should_reexecute(streak, draw)
     n_segments = segments.segment_count(jobs.unit_steps(unit), lease.segment_steps)
     challenged = []
     if verify and "not_finite" not in suspect:  # a diverged result is re-trained whole (verification.py)
         challenged = reputation.draw_segments(settings.SECRET_KEY, unit.pk, str(lease.token), n_segments,
                                               suspect=bool(suspect))
-    evidence["check"] = {"rate": reputation.reexecution_rate(device.verified_streak), "chosen": verify,
+    evidence["check"] = {"rate": reputation.reexecution_rate(streak), "chosen": verify,
                          "segments": challenged, "of": n_segments}
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
                "train_seconds": receipt["train_seconds"], "update_norm": evidence.get("update_norm"),
@@ -166,7 +166,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     Returns the evidence kept on the receipt and the decoded state."""
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
-                                                    unit.samples), output_sha256=output_sha)
+                                                    unit.samples, jobs.unit_steps(unit)), output_sha256=output_sha)
     live = list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
                 .order_by("id").values_list("id", "device_id", "unit_id"))
     # Another unit's: the same unit's is this very upload delivered twice, which result_submit answers as a repeat.

@@ -2,13 +2,13 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from billing import selectors as ledger
 from jobs.models import WorkUnit
 
-from .models import Device, Lease, Receipt
+from .models import Device, DeviceEvent, Lease, Receipt
 
 
 def devices_online() -> QuerySet[Device]:
@@ -19,6 +19,24 @@ def devices_online() -> QuerySet[Device]:
 def devices_available() -> QuerySet[Device]:
     """Online and not quarantined: the devices that may be given work."""
     return devices_online().filter(quarantined_at__isnull=True)
+
+
+def owner_flagged_before(device: Device) -> bool:
+    """Whether the device was registered after a failure confirmed on another of its owner's devices that is
+    still flagged (quarantined, or with failures not yet cleared by a lifted quarantine): a cheater's fresh
+    device earns no trust while the old one's case is open."""
+    flagged = Device.objects.filter(owner_id=device.owner_id).exclude(pk=device.pk).filter(
+        Q(quarantined_at__isnull=False) | Q(failures__gt=0))
+    return DeviceEvent.objects.filter(device__in=flagged, kind=DeviceEvent.Kind.FAILURE,
+                                      at__lt=device.created_at).exists()
+
+
+def device_trust_streak(device: Device) -> int:
+    """The verified streak the re-execution rate is drawn from: the device's own, or none at all (checked every
+    time) for a device of a flagged owner (owner_flagged_before)."""
+    if device.verified_streak == 0 or owner_flagged_before(device):
+        return 0
+    return device.verified_streak
 
 
 def device_resources(device: Device) -> dict[str, int]:

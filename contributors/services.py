@@ -23,16 +23,45 @@ log = logging.getLogger(__name__)
 THROUGHPUT_SMOOTHING = 0.3  # weight of the newest measurement in the moving estimate
 
 
+class DeviceLimit(MuninnError):
+    code = "too_many_devices"
+    status = 403
+
+
 def device_register(*, owner, name: str, capabilities: dict, public_key: str) -> tuple[Device, str]:
-    """A new device for a contributor. Returns it with its token, which is shown this once only."""
+    """A new device for a contributor. Returns it with its token, which is shown this once only.
+
+    An account has at most MUNINN_MAX_DEVICES_PER_ACCOUNT active devices (a contributor retires one by having it
+    deactivated), and a public key signs for one device only: registering a key again, on any account, is
+    refused. A contributor with a quarantined device gets the new one quarantined too, for the same review (its
+    earnings stay held; staff lift it as any other): a fresh device must not be a way around a quarantine. A
+    contributor whose device is flagged otherwise gets a new device with no trust (selectors.device_trust_streak)."""
     token = secrets.token_urlsafe(32)
     gpu_memory = [g.get("memory_bytes", 0) for g in capabilities.get("gpus", [])]
-    device = Device.objects.create(
-        owner=owner, name=name, token_hash=token_hash(token), capabilities=capabilities, public_key=public_key,
-        memory_bytes=capabilities.get("ram_bytes", 0), gpu_memory_bytes=max(gpu_memory, default=0),
-        flops_per_s=float(capabilities.get("flops_per_s") or 0.0),
-        samples_per_s=float(capabilities.get("samples_per_s") or 0.0), last_seen_at=timezone.now(),
-    )
+    with transaction.atomic():
+        type(owner).objects.select_for_update().filter(pk=owner.pk).first()  # one registration per owner at a time
+        if Device.objects.filter(public_key=public_key).exists():
+            raise Conflict("This public key is already registered to a device. Generate a new key pair for each "
+                           "device.", code="public_key_taken")
+        active = Device.objects.filter(owner=owner, is_active=True).count()
+        if active >= settings.MUNINN_MAX_DEVICES_PER_ACCOUNT:
+            raise DeviceLimit(f"This account already has {active} active devices, the most it may have. Ask "
+                              "support to retire one you no longer use.",
+                              detail={"limit": settings.MUNINN_MAX_DEVICES_PER_ACCOUNT})
+        quarantined = Device.objects.filter(owner=owner, quarantined_at__isnull=False).order_by("id").first()
+        device = Device.objects.create(
+            owner=owner, name=name, token_hash=token_hash(token), capabilities=capabilities, public_key=public_key,
+            memory_bytes=capabilities.get("ram_bytes", 0), gpu_memory_bytes=max(gpu_memory, default=0),
+            flops_per_s=float(capabilities.get("flops_per_s") or 0.0),
+            samples_per_s=float(capabilities.get("samples_per_s") or 0.0), last_seen_at=timezone.now(),
+        )
+        if quarantined is not None:
+            device.quarantined_at = timezone.now()
+            device.quarantine_reason = (f"registered while its owner's device #{quarantined.pk} is quarantined "
+                                        f"({quarantined.quarantine_reason})")[:500]
+            device.save(update_fields=["quarantined_at", "quarantine_reason"])
+            DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.QUARANTINED,
+                                       reason=device.quarantine_reason)
     return device, token
 
 

@@ -241,3 +241,37 @@ def test_worker_api_needs_a_device_token(leased, customer_api):
     assert anonymous.post("/api/worker/claim").status_code == 401
     assert_nothing_changed(leased, refused=False)
     assert Entry.objects.exists()  # the customer's credit and the job's hold are still there
+
+
+@pytest.mark.parametrize("field, value", [
+    ("steps", 10**18), ("samples", 10**18), ("segment_steps", 2**31), ("unit", 10**30),
+    ("loss_before", 1e300), ("loss_after", -1e300), ("train_seconds", 1e300), ("steps", -1),
+])
+def test_receipt_numbers_out_of_range_are_refused_naming_the_field(leased, field, value):
+    device, unit_id = leased["device"], leased["unit"]["id"]
+
+    response = device.submit(unit_id, leased["weights"], {**leased["receipt"], field: value})
+
+    assert response.status_code == 400, response.content
+    error = error_of(response)
+    assert error["code"] == "bad_receipt" and f"receipt.{field}" in error["message"]
+    assert not Receipt.objects.exists()  # refused before anything reached the database
+    assert_nothing_changed(leased, refused=False)
+
+
+def test_receipt_steps_other_than_the_units_are_refused(leased):
+    device, unit_id = leased["device"], leased["unit"]["id"]
+
+    response = device.submit(unit_id, leased["weights"], {**leased["receipt"], "steps": leased["receipt"]["steps"] + 1})
+
+    assert response.status_code == 400 and error_of(response)["code"] == "receipt_steps_mismatch"
+    assert_nothing_changed(leased)
+
+
+@pytest.mark.parametrize("path", ["units/88069337288156951609344/heartbeat", "units/9223372036854775808/result",
+                                  "units/88069337288156951609344/checkpoints/1", "checks/99999999999999999999/start"])
+def test_ids_past_a_bigint_are_not_found(leased, path):
+    response = leased["device"].client.post(f"/api/worker/{path}", {}, format="json")
+
+    assert response.status_code == 404
+    assert_nothing_changed(leased, refused=False)

@@ -18,9 +18,10 @@ DEVICES = 40
 THREADS = 16
 
 
-def test_concurrent_claims_never_lease_a_unit_twice(customer, contributor):
+def test_concurrent_claims_never_lease_a_unit_twice(customer, contributor, settings):
     if connection.vendor != "postgresql":
         pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
+    settings.MUNINN_MAX_DEVICES_PER_ACCOUNT = DEVICES
     devices = [register_device(contributor, f"d{i}") for i in range(DEVICES)]
     dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=digits_npz())
     job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams={}, rounds=1, seed=1)

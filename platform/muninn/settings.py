@@ -41,6 +41,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "muninn.middleware.BodyLimitMiddleware",  # first: an oversized body is refused before anything reads it
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -196,6 +197,8 @@ MUNINN_MIN_EARNING_PER_UNIT = Decimal(env.str("MUNINN_MIN_EARNING_PER_UNIT", def
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
 MUNINN_RESERVATION_SECONDS = env.int("MUNINN_RESERVATION_SECONDS", default=10)  # a shard waits this long for its device
 MUNINN_DEVICE_ONLINE_SECONDS = env.int("MUNINN_DEVICE_ONLINE_SECONDS", default=60)
+# Active devices one contributor account may register (50 fresh devices split a round into slivers).
+MUNINN_MAX_DEVICES_PER_ACCOUNT = env.int("MUNINN_MAX_DEVICES_PER_ACCOUNT", default=10)
 # A quote warns before the customer pays when no device able to run the job has been seen for this long.
 MUNINN_DEVICE_RECENT_SECONDS = env.int("MUNINN_DEVICE_RECENT_SECONDS", default=24 * 3600)
 # A running job with no capable device online and in good standing (unquarantined) for this long fails and

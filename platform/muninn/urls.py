@@ -12,6 +12,7 @@ from jobs import api as jobs_api
 from jobs import views as jobs_views
 
 from . import views
+from . import converters  # noqa: F401  registers <id:...>
 
 api = [
     path("auth/signup", accounts_api.SignupView.as_view(), name="signup"),
@@ -19,7 +20,7 @@ api = [
     path("me", accounts_api.MeView.as_view(), name="me"),
     path("templates", jobs_api.TemplateListView.as_view(), name="templates"),
     path("datasets", jobs_api.DatasetListView.as_view(), name="datasets"),
-    path("datasets/<int:dataset_id>", jobs_api.DatasetDetailView.as_view(), name="dataset"),
+    path("datasets/<id:dataset_id>", jobs_api.DatasetDetailView.as_view(), name="dataset"),
     path("estimates", billing_api.EstimateView.as_view(), name="estimate"),
     # Quotes need the devices online: contributors/ sits above billing/, so the project wires them here.
     path("quotes", billing_api.QuoteListView.as_view(online_capacity=contributors_selectors.device_capacities_online,
@@ -28,13 +29,13 @@ api = [
     path("quotes/<uuid:quote_id>", billing_api.QuoteDetailView.as_view(), name="quote"),
     path("quotes/<uuid:quote_id>/accept", billing_api.QuoteAcceptView.as_view(), name="quote-accept"),
     path("jobs", jobs_api.JobListView.as_view(), name="jobs"),
-    path("jobs/<int:job_id>", jobs_api.JobDetailView.as_view(capacity=contributors_selectors.capacity_for),
+    path("jobs/<id:job_id>", jobs_api.JobDetailView.as_view(capacity=contributors_selectors.capacity_for),
          name="job"),
-    path("jobs/<int:job_id>/start", jobs_api.JobStartView.as_view(), name="job-start"),
-    path("jobs/<int:job_id>/cancel", jobs_api.JobCancelView.as_view(), name="job-cancel"),
-    path("jobs/<int:job_id>/model", jobs_api.JobModelView.as_view(), name="job-model"),
-    path("jobs/<int:job_id>/charges", billing_api.JobChargesView.as_view(), name="job-charges"),
-    path("jobs/<int:job_id>/devices", contributors_api.JobDevicesView.as_view(), name="job-devices"),
+    path("jobs/<id:job_id>/start", jobs_api.JobStartView.as_view(), name="job-start"),
+    path("jobs/<id:job_id>/cancel", jobs_api.JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<id:job_id>/model", jobs_api.JobModelView.as_view(), name="job-model"),
+    path("jobs/<id:job_id>/charges", billing_api.JobChargesView.as_view(), name="job-charges"),
+    path("jobs/<id:job_id>/devices", contributors_api.JobDevicesView.as_view(), name="job-devices"),
     path("balance", billing_api.BalanceView.as_view(), name="balance"),
     path("topups", billing_api.TopUpView.as_view(), name="topups"),
     path("stripe/webhook", billing_api.StripeWebhookView.as_view(), name="stripe-webhook"),
@@ -49,14 +50,14 @@ api = [
 job_panels = {"panels": (billing_views.job_money_panel, contributors_views.job_devices_panel)}
 pages = [
     path("datasets/", jobs_views.datasets, name="datasets-page"),
-    path("datasets/<int:dataset_id>/", jobs_views.dataset_detail, name="dataset-page"),
+    path("datasets/<id:dataset_id>/", jobs_views.dataset_detail, name="dataset-page"),
     path("jobs/", jobs_views.jobs_list, name="jobs-list"),
     path("jobs/new/", billing_views.job_new, {"online_capacity": contributors_selectors.device_capacities_online,
                                               "recent_capable": contributors_selectors.capable_devices_seen},
          name="job-new"),
-    path("jobs/<int:job_id>/", jobs_views.job_detail, job_panels, name="job-page"),
-    path("jobs/<int:job_id>/progress", jobs_views.job_progress, job_panels, name="job-progress"),
-    path("jobs/<int:job_id>/cancel", jobs_views.job_cancel, name="job-cancel-page"),
+    path("jobs/<id:job_id>/", jobs_views.job_detail, job_panels, name="job-page"),
+    path("jobs/<id:job_id>/progress", jobs_views.job_progress, job_panels, name="job-progress"),
+    path("jobs/<id:job_id>/cancel", jobs_views.job_cancel, name="job-cancel-page"),
     path("balance/", billing_views.balance, name="balance-page"),
     path("balance/topup", billing_views.topup, name="topup-page"),
     path("contribute/", contributors_views.contribute, name="contribute"),
@@ -64,10 +65,10 @@ pages = [
     path("contribute/payouts/request", contributors_views.payout_request, name="payout-request-page"),
     path("staff/", contributors_views.staff_home, name="staff-home"),
     path("staff/credits/", billing_views.staff_credit, name="staff-credit-page"),
-    path("staff/devices/<int:device_id>/lift", contributors_views.device_lift_quarantine, name="device-lift-page"),
-    path("staff/devices/<int:device_id>/release-held", contributors_views.device_release_held,
+    path("staff/devices/<id:device_id>/lift", contributors_views.device_lift_quarantine, name="device-lift-page"),
+    path("staff/devices/<id:device_id>/release-held", contributors_views.device_release_held,
          name="device-release-held-page"),
-    path("staff/devices/<int:device_id>/forfeit-held", contributors_views.device_forfeit_held,
+    path("staff/devices/<id:device_id>/forfeit-held", contributors_views.device_forfeit_held,
          name="device-forfeit-held-page"),
 ]
 

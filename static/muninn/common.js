@@ -45,4 +45,9 @@
     return JSON.parse(text);
   }
   window.Muninn = {csrfToken, apiError, escapeHtml, errorHtml, postJson, getJson};
+  // <form data-confirm="question">: asks before submitting (the Content-Security-Policy allows no inline handlers).
+  document.addEventListener("submit", function (event) {
+    const question = event.target.getAttribute && event.target.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  });
 })();
