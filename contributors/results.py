@@ -26,6 +26,23 @@ NORM_HISTORY_UNITS = 200  # the job's latest accepted units whose update norms b
 SPEED_RECORD_UNITS = 3  # verified units before a device's measured speed is held against its claims
 
 
+FORM_SLACK_BYTES = 1_000_000  # the receipt, the signature and the multipart framing around the weights
+
+
+def result_body_limit(*, device: Device, unit_id: int) -> int:
+    """The largest request body a result for this unit may be, known before a byte of it is read: the update
+    of this unit's weights at its largest (checks.max_update_bytes), never above the site's limit, plus the
+    form around it. A unit the device does not hold answers as result_submit would (NotFound, Conflict)."""
+    try:
+        unit, _ = services.leased_unit(device=device, unit_id=unit_id)
+    except (Conflict, NotFound) as e:
+        DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.REFUSED,
+                                   reason=f"result for unit {unit_id}: {e.code}: {e.message}"[:500])
+        raise
+    weights = storage.blob_size(unit.round.weights_sha256)
+    return min(checks.max_update_bytes(weights), settings.MUNINN_MAX_RESULT_BYTES) + FORM_SLACK_BYTES
+
+
 def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
                   signature: str, max_bytes: int) -> Receipt:
     """Check a device's result for a unit it holds; accept it (credited at once) or, when the device's

@@ -47,6 +47,10 @@ def blob_get(sha256: str) -> bytes:
         return f.read()
 
 
+def blob_size(sha256: str) -> int:
+    return default_storage.size(blob_path(sha256))
+
+
 def blob_open(sha256: str):
     return default_storage.open(blob_path(sha256), "rb")
 

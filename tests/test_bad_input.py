@@ -275,3 +275,23 @@ def test_ids_past_a_bigint_are_not_found(leased, path):
 
     assert response.status_code == 404
     assert_nothing_changed(leased, refused=False)
+
+
+def test_a_result_far_larger_than_its_units_weights_is_refused_before_it_is_read(leased):
+    # 200 MB under the site's 512 MB limit, but an mlp update is tens of kilobytes: refused from the
+    # Content-Length alone (the body would fail the test if anything read it).
+    class UnreadableBody:
+        def read(self, *args):
+            raise AssertionError("the body was read")
+
+        readline = read
+
+    response = leased["device"].client.generic(
+        "POST", f"/api/worker/units/{leased['unit']['id']}/result", b"",
+        content_type="multipart/form-data; boundary=x", CONTENT_LENGTH=str(200 * 2**20),
+        **{"wsgi.input": UnreadableBody()})
+
+    assert response.status_code == 413
+    error = error_of(response)
+    assert error["code"] == "too_large" and f"a result for unit {leased['unit']['id']} is at most" in error["message"]
+    assert_nothing_changed(leased, refused=False)
