@@ -49,7 +49,9 @@ def refusal_codes(device: Device) -> set[str]:
 
 
 def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, market):  # noqa: F811
-    stack.env.update(MUNINN_LEASE_SECONDS="8", MUNINN_RESERVATION_SECONDS="3")
+    # Twelve cheating strategies under one account (one adversary running them all): above the default limit
+    # of devices per account, which tests/test_device_registration.py pins.
+    stack.env.update(MUNINN_LEASE_SECONDS="8", MUNINN_RESERVATION_SECONDS="3", MUNINN_MAX_DEVICES_PER_ACCOUNT="20")
     customer, contributor = market
     mallory = accounts.user_create(username="mallory", password="mallory-pass-1", role=User.Role.CONTRIBUTOR)
     url = stack.web(free_port())
