@@ -214,11 +214,8 @@ class ResultView(DeviceView):
 
     def post(self, request, unit_id: int):
         # Refused before the body is read: a result can be no larger than an update of this unit's weights.
-        limit = results.result_body_limit(device=request.auth, unit_id=unit_id)
-        length = int(request.META.get("CONTENT_LENGTH") or 0)  # BodyLimitMiddleware refused non-numbers
-        if length > limit:
-            raise TooLarge(f"The request is {length:,} bytes; a result for unit {unit_id} is at most {limit:,} "
-                           f"(an update of its weights, with the receipt).")
+        results.result_body_check(device=request.auth, unit_id=unit_id,  # BodyLimitMiddleware refused non-numbers
+                                  content_length=int(request.META.get("CONTENT_LENGTH") or 0))
         upload = request.FILES.get("weights")
         if upload is None:
             raise InvalidInput("Attach the trained weights as the 'weights' file (safetensors).", code="no_weights")

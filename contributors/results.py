@@ -29,18 +29,22 @@ SPEED_RECORD_UNITS = 3  # verified units before a device's measured speed is hel
 FORM_SLACK_BYTES = 1_000_000  # the receipt, the signature and the multipart framing around the weights
 
 
-def result_body_limit(*, device: Device, unit_id: int) -> int:
-    """The largest request body a result for this unit may be, known before a byte of it is read: the update
-    of this unit's weights at its largest (checks.max_update_bytes), never above the site's limit, plus the
-    form around it. A unit the device does not hold answers as result_submit would (NotFound, Conflict)."""
+def result_body_check(*, device: Device, unit_id: int, content_length: int) -> None:
+    """Refuse a result from its Content-Length alone, before a byte is read, when it is larger than an update
+    of this unit's weights can be (checks.max_update_bytes, never above the site's limit) plus the form around
+    it; a unit the device does not hold is refused as result_submit would (NotFound, Conflict). Each refusal
+    is recorded on the device, as result_submit's are."""
     try:
         unit, _ = services.leased_unit(device=device, unit_id=unit_id)
-    except (Conflict, NotFound) as e:
+        weights = storage.blob_size(unit.round.weights_sha256)
+        limit = min(checks.max_update_bytes(weights), settings.MUNINN_MAX_RESULT_BYTES) + FORM_SLACK_BYTES
+        if content_length > limit:
+            raise TooLarge(f"The request is {content_length:,} bytes; a result for unit {unit_id} is at most "
+                           f"{limit:,} (an update of its weights, with the receipt).")
+    except (Conflict, NotFound, TooLarge) as e:
         DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.REFUSED,
                                    reason=f"result for unit {unit_id}: {e.code}: {e.message}"[:500])
         raise
-    weights = storage.blob_size(unit.round.weights_sha256)
-    return min(checks.max_update_bytes(weights), settings.MUNINN_MAX_RESULT_BYTES) + FORM_SLACK_BYTES
 
 
 def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,

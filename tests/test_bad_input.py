@@ -295,3 +295,4 @@ def test_a_result_far_larger_than_its_units_weights_is_refused_before_it_is_read
     error = error_of(response)
     assert error["code"] == "too_large" and f"a result for unit {leased['unit']['id']} is at most" in error["message"]
     assert_nothing_changed(leased, refused=False)
+    assert "too_large" in leased["device"].device.events.get(kind="refused").reason
