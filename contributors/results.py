@@ -34,17 +34,27 @@ def result_body_check(*, device: Device, unit_id: int, content_length: int) -> N
     of this unit's weights can be (checks.max_update_bytes, never above the site's limit) plus the form around
     it; a unit the device does not hold is refused as result_submit would (NotFound, Conflict). Each refusal
     is recorded on the device, as result_submit's are."""
+    if content_length <= _body_limit(weights_bytes=0):  # within any unit's limit: no lookup on the hot path
+        return
     try:
         unit, _ = services.leased_unit(device=device, unit_id=unit_id)
-        weights = storage.blob_size(unit.round.weights_sha256)
-        limit = min(checks.max_update_bytes(weights), settings.MUNINN_MAX_RESULT_BYTES) + FORM_SLACK_BYTES
+        limit = _body_limit(weights_bytes=storage.blob_size(unit.round.weights_sha256))
         if content_length > limit:
             raise TooLarge(f"The request is {content_length:,} bytes; a result for unit {unit_id} is at most "
                            f"{limit:,} (an update of its weights, with the receipt).")
     except (Conflict, NotFound, TooLarge) as e:
-        DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.REFUSED,
-                                   reason=f"result for unit {unit_id}: {e.code}: {e.message}"[:500])
+        _refused(device, unit_id, e)
         raise
+
+
+def _body_limit(*, weights_bytes: int) -> int:
+    return min(checks.max_update_bytes(weights_bytes), settings.MUNINN_MAX_RESULT_BYTES) + FORM_SLACK_BYTES
+
+
+def _refused(device: Device, unit_id: int, error) -> None:
+    """A result refused before its checks (not this device's unit, too large), kept on the device's record."""
+    DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.REFUSED,
+                               reason=f"result for unit {unit_id}: {error.code}: {error.message}"[:500])
 
 
 def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
@@ -74,8 +84,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
             raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are "
                            f"{len(reference_bytes):,}.")
     except (Conflict, NotFound, TooLarge) as e:
-        DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.REFUSED,
-                                   reason=f"result for unit {unit_id}: {e.code}: {e.message}"[:500])
+        _refused(device, unit_id, e)
         raise
     try:
         evidence, state = _check(device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,

@@ -153,3 +153,18 @@ def device_unverified_units(device: Device) -> QuerySet[WorkUnit]:
 def device_earnings_held(device: Device) -> int:
     """How much of the device's earnings is held for review now."""
     return ledger.earnings_held(units=device_units(device))
+
+
+def devices_quarantined_with_held() -> list[dict]:
+    """Every quarantined device, newest quarantine first, with what it holds for review: [{device, held}]."""
+    return [{"device": d, "held": device_earnings_held(d)}
+            for d in Device.objects.filter(quarantined_at__isnull=False).select_related("owner")
+            .order_by("-quarantined_at")]
+
+
+def devices_holding_earnings() -> list[dict]:
+    """Devices not quarantined that hold earnings for review after a confirmed failure: [{device, held}]."""
+    rows = ({"device": d, "held": device_earnings_held(d)}
+            for d in Device.objects.filter(quarantined_at__isnull=True, events__kind=DeviceEvent.Kind.EARNINGS_HELD)
+            .distinct().select_related("owner").order_by("-pk"))
+    return [row for row in rows if row["held"]]

@@ -186,10 +186,15 @@ def _hold_unverified_earnings(device: Device, reason: str) -> None:
 
     held = billing.earnings_hold_units(units=selectors.device_unverified_units(device), reason=reason)
     if held:
-        amount = sum(e.amount for txn in held for e in txn.entries.all() if e.amount > 0)
+        amount = _moved(held)
         DeviceEvent.objects.create(device=device, kind=DeviceEvent.Kind.EARNINGS_HELD,
                                    reason=f"earnings of {len(held)} unverified unit(s) held for review "
                                           f"({_fmt(amount)})")
+
+
+def _moved(transactions) -> int:
+    """How much the ledger transactions moved (the sum of their positive entries)."""
+    return sum(e.amount for txn in transactions for e in txn.entries.all() if e.amount > 0)
 
 
 def _fmt(nanos: int) -> str:
@@ -212,7 +217,7 @@ def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
         released = billing.earnings_release_held(units=selectors.device_units(locked), staff=staff,
                                                  reason=f"quarantine of device {locked.pk} lifted: {reason}")
         if released:
-            amount = sum(e.amount for txn in released for e in txn.entries.all() if e.amount > 0)
+            amount = _moved(released)
             DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.RELEASED, actor=staff,
                                        reason=f"held earnings of {len(released)} unit(s) released ({_fmt(amount)})")
     return locked
@@ -236,7 +241,7 @@ def device_release_held_earnings(*, device: Device, staff, reason: str) -> list:
                                                  reason=f"device {locked.pk} reviewed: {reason}")
         if not released:
             raise Conflict("This device has no earnings held for review.", code="nothing_held")
-        amount = sum(e.amount for txn in released for e in txn.entries.all() if e.amount > 0)
+        amount = _moved(released)
         DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.RELEASED, actor=staff,
                                    reason=f"held earnings of {len(released)} unit(s) released ({_fmt(amount)}): "
                                           f"{reason}"[:500])
@@ -257,7 +262,7 @@ def device_forfeit_held_earnings(*, device: Device, staff, reason: str) -> list:
         forfeits = billing.earnings_forfeit_held(units=selectors.device_units(locked), staff=staff, reason=reason)
         if not forfeits:
             raise Conflict("This device has no earnings held for review.", code="nothing_held")
-        amount = sum(e.amount for txn in forfeits for e in txn.entries.all() if e.amount > 0)
+        amount = _moved(forfeits)
         DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.FORFEITED, actor=staff,
                                    reason=f"held earnings of {len(forfeits)} unit(s) forfeited, {_fmt(amount)} "
                                           f"refunded: {reason}"[:500])

@@ -8,6 +8,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib import messages
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -134,12 +135,7 @@ def staff_home(request):
             "balances": [(Account.Kind(kind).label, value) for kind, value in evidence["balances"]],
             "payout_account": evidence["payout_account"], "earlier": len(evidence["earlier"]),
         })
-    quarantined = [{"device": d, "held": selectors.device_earnings_held(d)}
-                   for d in Device.objects.filter(quarantined_at__isnull=False).select_related("owner").order_by(
-                       "-quarantined_at")]
-    under_review = [row for row in ({"device": d, "held": selectors.device_earnings_held(d)} for d in (
-        Device.objects.filter(quarantined_at__isnull=True, events__kind=DeviceEvent.Kind.EARNINGS_HELD)
-        .distinct().select_related("owner").order_by("-pk"))) if row["held"]]
+    quarantined, under_review = selectors.devices_quarantined_with_held(), selectors.devices_holding_earnings()
     events = DeviceEvent.objects.select_related("device", "actor").order_by("-at", "-id")[:30]
     return render(request, "contributors/staff.html", {"queue": queue, "quarantined": quarantined,
                                                         "under_review": under_review, "events": events,
@@ -163,33 +159,30 @@ def device_lift_quarantine(request, device_id: int):
     return redirect("staff-home")
 
 
+def _held_earnings_decision(request, device_id: int, decide, done) -> HttpResponse:
+    """A staff decision on a device's held earnings: `decide(device=, staff=, reason=)` is the service, `done`
+    says what it did."""
+    device = get_object_or_404(Device, pk=device_id)
+    try:
+        moved = decide(device=device, staff=request.user, reason=request.POST.get("reason", ""))
+    except MuninnError as e:
+        messages.error(request, e.message)
+    else:
+        messages.success(request, done(device, len(moved)))
+    return redirect("staff-home")
+
+
 @require_POST
 @role_required("staff")
 def device_release_held(request, device_id: int):
     """Staff found a device's held work honest after a confirmed failure: its held earnings go back to pending."""
-    device = get_object_or_404(Device, pk=device_id)
-    try:
-        released = services.device_release_held_earnings(device=device, staff=request.user,
-                                                         reason=request.POST.get("reason", ""))
-    except MuninnError as e:
-        messages.error(request, e.message)
-    else:
-        messages.success(request, f"Released the held earnings of {len(released)} unit(s) of {device.name} "
-                                  f"(#{device.pk}).")
-    return redirect("staff-home")
+    return _held_earnings_decision(request, device_id, services.device_release_held_earnings, lambda device, n: (
+        f"Released the held earnings of {n} unit(s) of {device.name} (#{device.pk})."))
 
 
 @require_POST
 @role_required("staff")
 def device_forfeit_held(request, device_id: int):
     """Staff decided a device's held work was fraudulent: its held earnings go back to the customers."""
-    device = get_object_or_404(Device, pk=device_id)
-    try:
-        forfeits = services.device_forfeit_held_earnings(device=device, staff=request.user,
-                                                         reason=request.POST.get("reason", ""))
-    except MuninnError as e:
-        messages.error(request, e.message)
-    else:
-        messages.success(request, f"Forfeited the held earnings of {len(forfeits)} unit(s) of {device.name} "
-                                  f"(#{device.pk}) and refunded the customers.")
-    return redirect("staff-home")
+    return _held_earnings_decision(request, device_id, services.device_forfeit_held_earnings, lambda device, n: (
+        f"Forfeited the held earnings of {n} unit(s) of {device.name} (#{device.pk}) and refunded the customers."))
