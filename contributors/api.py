@@ -202,11 +202,16 @@ class ReceiptSerializer(serializers.Serializer):
 def credited_payload(receipt) -> dict:
     """What an accepted result was credited: its HU and what its contributor earned (their share of the unit's
     charge), in nanos and as the site shows money, so the worker can say it in money. Nothing while its segments
-    are being checked (it is credited when the check passes), nor when it was refused."""
+    are being checked (it is credited when the check passes), nor when it was refused. An accepted result's
+    charge is posted moments after the answer, off the request (contributors.credit): until then `credit` is
+    "pending" and nothing is earned yet; every charged unit earns something (MUNINN_MIN_EARNING_PER_UNIT)."""
     accepted = receipt.status == receipt.Status.ACCEPTED
     earned = ledger.unit_earned(unit=receipt.unit) if accepted else 0
-    return {"credited_hu": hu_str(receipt.unit.hu if accepted else 0), "earned_nanos": earned,
-            "earned": money.format_money(earned, settings.MUNINN_CURRENCY), "currency": settings.MUNINN_CURRENCY}
+    payload = {"credited_hu": hu_str(receipt.unit.hu if accepted else 0), "earned_nanos": earned,
+               "earned": money.format_money(earned, settings.MUNINN_CURRENCY), "currency": settings.MUNINN_CURRENCY}
+    if accepted:
+        payload["credit"] = "posted" if earned else "pending"
+    return payload
 
 
 class ResultView(DeviceView):

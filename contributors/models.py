@@ -80,10 +80,14 @@ class Receipt(models.Model):
     challenge_segments = models.JSONField(default=list, blank=True)
     checkpoint_blobs = models.JSONField(default=dict, blank=True)
     challenge_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Accepted, and its charge not posted yet: contributors.credit posts it off the request, in a batch.
+    credit_pending = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["id"]
+        indexes = [models.Index(fields=["id"], condition=models.Q(credit_pending=True),
+                                name="receipt_credit_pending")]
         constraints = [
             # at most one live result per unit: pending re-execution, or accepted
             models.UniqueConstraint(fields=["unit"], condition=models.Q(status__in=["pending", "accepted"]),

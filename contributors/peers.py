@@ -21,7 +21,7 @@ from jobs import storage
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, NotFound
 
-from . import checks, reputation, selectors, tolerances
+from . import checks, credit, reputation, selectors, tolerances
 from .models import Device, PeerCheck, Receipt
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def peer_check_submit(*, device: Device, check_id: int, data: bytes, receipt: di
 def decide(*, receipt_id: int) -> str | None:
     """Settle the checked receipt once every challenged segment has a verdict: the majority of the device and
     its peers. Returns "accepted", "rejected" or None (still waiting)."""
-    from . import challenges, results, verification
+    from . import challenges, verification
 
     receipt = Receipt.objects.select_related("unit__round__job", "device").get(pk=receipt_id)
     if receipt.status != Receipt.Status.PENDING:
@@ -193,7 +193,7 @@ def decide(*, receipt_id: int) -> str | None:
                                        reason=f"reexecution_mismatch: its peer check of unit {receipt.unit_id} "
                                               f"segment {check.segment} disagreed with two other devices")
     for check in majority:
-        results.credit_peer_check(check=check)
+        credit.credit_peer_check(check=check)
     if evidence["passed"]:
         verification.accept(receipt, evidence)
         return "accepted"

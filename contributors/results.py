@@ -1,4 +1,5 @@
-"""A device's result for a unit: every check, then acceptance (or re-execution first), then credit."""
+"""A device's result for a unit: every check, then acceptance (or re-execution first); credit follows
+(contributors.credit)."""
 from __future__ import annotations
 
 import logging
@@ -142,7 +143,8 @@ def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, sign
                                                 samples=receipt["samples"], metrics=metrics, verify=verify)
         stored = Receipt.objects.create(
             unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
-            status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, payload=_jsonable(receipt),
+            status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, credit_pending=not verify,
+            payload=_jsonable(receipt),
             weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
             output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
             loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
@@ -156,30 +158,18 @@ def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, sign
             from .tasks import verify_unit
 
             transaction.on_commit(lambda: verify_unit.delay(unit.pk))
-        elif not verify:
-            credit(unit=unit, receipt=stored)
+        elif not verify:  # charged off the request, in a batch per job (contributors.credit)
+            credit_on_commit(unit.round.job_id)
         if round_complete:
             aggregate_on_commit(unit.round_id)
         failpoint("result.before_commit")
     return stored
 
 
-def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
-    """Verified work: charge it to the customer's hold and credit the contributor; the device gains trust."""
-    billing.unit_charge(unit=unit, contributor=receipt.device.owner)
-    services.device_record_success(device=receipt.device, seconds=receipt.train_seconds or 0.0, flops=unit.flops,
-                                   work_samples=jobs.unit_work_samples(unit))
+def credit_on_commit(job_id: int) -> None:
+    from .tasks import credit_results
 
-
-def credit_peer_check(*, check) -> None:
-    """A peer device's run of another device's segment, in the majority: paid as verified work (its share of
-    the unit's FLOPs), and its record grows."""
-    unit = check.receipt.unit
-    steps = segments.boundaries(jobs.unit_steps(unit), check.receipt.segment_steps)
-    flops = unit.flops * (steps[check.segment + 1] - steps[check.segment]) // max(steps[-1], 1)
-    billing.check_charge(job=unit.round.job, check_id=check.pk, flops=flops, contributor=check.device.owner,
-                         memo=f"job {unit.round.job.pk} unit {unit.pk}: peer check of segment {check.segment}")
-    services.device_record_success(device=check.device, seconds=0.0, flops=flops, work_samples=0)
+    transaction.on_commit(lambda: credit_results.delay(job_id))
 
 
 def aggregate_on_commit(round_id: int) -> None:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from billing import money
@@ -15,12 +14,11 @@ from jobs import services as jobs
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
 
-from . import peers, reputation, selectors, tolerances
+from . import credit, peers, reputation, selectors, tolerances
 from .authentication import token_hash, touch
 from .models import Device, DeviceEvent, Lease, PeerCheck
 
 log = logging.getLogger(__name__)
-THROUGHPUT_SMOOTHING = 0.3  # weight of the newest measurement in the moving estimate
 
 
 class DeviceLimit(MuninnError):
@@ -130,17 +128,6 @@ def unit_heartbeat(*, device: Device, unit_id: int):
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
 
 
-def device_record_success(*, device: Device, work_samples: int, flops: int, seconds: float) -> None:
-    """A result passed every check: the streak grows and the speed estimates (samples/s, FLOP/s) learn from it."""
-    total, samples_now, flops_now = (Device.objects.filter(pk=device.pk)
-                                     .values_list("verified_total", "samples_per_s", "flops_per_s").get())
-    changes = {"verified_streak": F("verified_streak") + 1, "verified_total": F("verified_total") + 1}
-    if seconds > 0:
-        changes["samples_per_s"] = _throughput(samples_now, measured=work_samples / seconds, replace=total == 0)
-        changes["flops_per_s"] = _throughput(flops_now, measured=flops / seconds, replace=total == 0)
-    Device.objects.filter(pk=device.pk).update(**changes)
-
-
 def device_record_failure(*, device: Device, reason: str, unit_id: int | None = None) -> bool:
     """A failure confirmed on `unit_id` (a segment re-trained differently, a checkpoint that is not what was
     committed, an unanswered challenge, a forged or inconsistent receipt): the streak resets and the earnings
@@ -149,6 +136,10 @@ def device_record_failure(*, device: Device, reason: str, unit_id: int | None = 
     that honest training can fail never come here: they send the result to a segment check instead. Returns
     True when this failure quarantined it."""
     with transaction.atomic():
+        # Work accepted before this failure is credited first, as it would have been at once before credits were
+        # batched: its streak counts before the reset, and its earnings are among those held below. Receipts
+        # before the device row: the order a credit batch takes them in.
+        credit.credit_pending(device_id=device.pk, wait=True)
         locked = Device.objects.select_for_update().get(pk=device.pk)
         locked.verified_streak, locked.failures = 0, locked.failures + 1
         DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.FAILURE, reason=reason[:500], unit_id=unit_id)
@@ -267,10 +258,3 @@ def device_forfeit_held_earnings(*, device: Device, staff, reason: str) -> list:
                                    reason=f"held earnings of {len(forfeits)} unit(s) forfeited, {_fmt(amount)} "
                                           f"refunded: {reason}"[:500])
     return forfeits
-
-
-def _throughput(current: float, *, measured: float, replace: bool) -> float:
-    """Moving estimate of a speed; the first real unit replaces the probe's benchmark outright."""
-    if current <= 0 or replace:
-        return measured
-    return (1 - THROUGHPUT_SMOOTHING) * current + THROUGHPUT_SMOOTHING * measured

@@ -5,12 +5,30 @@ from celery import shared_task
 
 from jobs import services as jobs
 
-from . import challenges, peers, selectors, verification
+from . import challenges, credit, peers, selectors, verification
 
 
 @shared_task(name="contributors.tasks.verify_unit")
 def verify_unit(unit_id: int) -> None:
     verification.unit_verify(unit_id=unit_id)
+
+
+@shared_task(name="contributors.tasks.credit_results")
+def credit_results(job_id: int) -> int:
+    """Charge the job's accepted results that wait for it, a batch at a time (one per result is enqueued; the
+    first finds them all and the rest find nothing)."""
+    credited = total = credit.credit_pending(job_id=job_id)
+    while credited == credit.BATCH:
+        credited = credit.credit_pending(job_id=job_id)
+        total += credited
+    return total
+
+
+@shared_task(name="contributors.tasks.sweep_pending_credits")
+def sweep_pending_credits() -> None:
+    """Accepted results whose credit message was lost (a broker restart, a killed worker): credited now."""
+    for job_id in credit.jobs_with_pending_credit():
+        credit_results(job_id)
 
 
 @shared_task(name="contributors.tasks.sweep_pending_verifications")

@@ -25,7 +25,7 @@ from jobs.models import WorkUnit
 from muninn.errors import Conflict
 from muninn.failpoints import failpoint
 
-from . import challenges, checks, peers, results, tolerances
+from . import challenges, checks, credit, peers, results, tolerances
 from .models import PeerCheck, Receipt
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def accept(pending: Receipt, evidence: dict) -> Receipt:
             return _superseded(receipt.pk)
         receipt.status = Receipt.Status.ACCEPTED
         receipt.save(update_fields=["status", "verification"])
-        results.credit(unit=unit, receipt=receipt)
+        credit.credit(unit=unit, receipt=receipt)
         if round_complete:
             results.aggregate_on_commit(unit.round_id)
         failpoint("verify.before_commit")

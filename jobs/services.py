@@ -23,7 +23,7 @@ from muninn.failpoints import failpoint
 from . import algorithms, datasets, deadlines, estimate, preparation, robust, selectors, storage
 from .models import Dataset, Job, Round, WorkUnit
 from .sharding import plan_shards
-from .signals import job_ended, job_started
+from .signals import job_ended, job_ending, job_started
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +192,7 @@ def job_start(*, job_id: int, quote: str | None = None) -> Job:
 
 def _job_end(job: Job, status: str, error: str = "") -> None:
     """Must run inside a transaction holding the job's row lock."""
+    job_ending.send(sender=Job, job=job)
     job.status, job.error, job.finished_at = status, error, timezone.now()
     job.save(update_fields=["status", "error", "finished_at"])
     WorkUnit.objects.filter(round__job=job, status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED]).update(

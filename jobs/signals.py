@@ -5,4 +5,5 @@ Receivers run inside the sender's transaction: a receiver that raises (e.g. the 
 from django.dispatch import Signal
 
 job_started = Signal()  # kwargs: job, quote (the id of the quote the customer accepts, or None)
+job_ending = Signal()  # kwargs: job; sent before its status changes, so work already done is settled first
 job_ended = Signal()  # kwargs: job (status is SUCCEEDED, FAILED or CANCELLED)

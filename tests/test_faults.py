@@ -250,7 +250,7 @@ class Scenario:
 
 
 def run_scenario(site: Site, inject: Callable[[Scenario], None], *, clients: dict[str, dict] | None = None,
-                 rounds: int, on_poll: Callable[[Scenario], None] | None = None) -> Scenario:
+                 rounds: int, on_poll: Callable[[Scenario], None] | None = None, veterans: bool = False) -> Scenario:
     """Register the devices, start their worker clients (each with its failpoints or clock), run a job, call
     `inject` once it has started (it waits for its moment and injects the fault), wait for the job to end, and
     check what must hold after any fault. Returns the scenario for the checks particular to it."""
@@ -264,6 +264,8 @@ def run_scenario(site: Site, inject: Callable[[Scenario], None], *, clients: dic
     names = scenario.names = {name: f"{name}-{n}" for name in clients}
     for name in clients:
         scenario.register(names[name])
+    if veterans:  # a long verified record: their results are accepted at once and charged by a credit task
+        Device.objects.filter(name__in=names.values()).update(verified_streak=10_000, verified_total=10_000)
     since = timezone.now()
     spawned = [names[name] for name, options in clients.items() if options.get("spawn", True)]
     for name, options in clients.items():
@@ -352,6 +354,31 @@ def test_celery_worker_killed_mid_aggregation_the_round_is_aggregated_once(site)
     # The killed worker's message comes back only after the broker's visibility timeout: beat's sweeper did it.
     assert "never aggregated; aggregating it now" in site.stack.log(site.worker_name), site.logs()
     assert Job.objects.get(pk=s.job_id).metrics["round"] == 2
+
+
+def test_celery_worker_killed_mid_credit_every_accepted_unit_is_charged_once(site):
+    """Veterans' results are answered at once and charged by a task afterwards: killed before its transaction
+    commits, the batch is lost whole, and beat's sweep (or the job's end) charges each unit once."""
+    worker = site.replace_celery_worker(MUNINN_FAILPOINTS="credit.before_commit=1*sleep:300")
+    seen: dict = {}
+
+    def kill_mid_credit(s: Scenario) -> None:
+        s.stack.wait_for_log(worker, "failpoint credit.before_commit reached", timeout=120)
+        seen["pending"] = Receipt.objects.filter(unit__round__job_id=s.job_id, credit_pending=True).count()
+        s.stack.stop(worker, signal.SIGKILL)  # the batch's transaction dies uncommitted
+        site.replace_celery_worker()
+
+    try:
+        s = run_scenario(site, kill_mid_credit, rounds=2, veterans=True)
+    finally:
+        if site.worker_name == worker:
+            site.replace_celery_worker()
+
+    assert seen["pending"] >= 1  # the batch the kill interrupted was still owed when it died
+    accepted = Receipt.objects.filter(unit__round__job_id=s.job_id, status=Receipt.Status.ACCEPTED)
+    assert accepted.exists() and not accepted.filter(credit_pending=True).exists()
+    for receipt in accepted:
+        assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=receipt.unit_id).count() == 1
 
 
 def test_redis_restarted_mid_round_lost_messages_are_recovered(site):

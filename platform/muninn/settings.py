@@ -174,6 +174,8 @@ MUNINN_STALL_SECONDS = env.int("MUNINN_STALL_SECONDS", default=30)
 CELERY_BEAT_SCHEDULE = {
     "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications",
                                     "schedule": float(MUNINN_STALL_SECONDS)},
+    "sweep-pending-credits": {"task": "contributors.tasks.sweep_pending_credits",
+                              "schedule": float(MUNINN_STALL_SECONDS)},
     "resume-stalled-jobs": {"task": "jobs.tasks.resume_stalled_jobs", "schedule": MUNINN_STALL_SECONDS / 3},
     "requeue-expired-leases": {"task": "jobs.tasks.requeue_expired_leases", "schedule": 5.0},
     "close-overdue-rounds": {"task": "jobs.tasks.close_overdue_rounds", "schedule": 5.0},  # + re-issues stragglers

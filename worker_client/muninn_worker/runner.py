@@ -272,6 +272,10 @@ def _record(answer: dict, unit_id: int, stats: RunStats) -> None:
         log.info("unit %s: uploaded; the site is checking it, and credits its earnings when the check passes",
                  unit_id)
         return
+    if answer.get("credit") == "pending":  # accepted; the site posts its charge moments later, off the request
+        log.info("unit %s: accepted, %s HU of work; its earnings are credited moments later (your contributor "
+                 "page shows them)", unit_id, answer.get("credited_hu", "0"))
+        return
     earned = answer.get("earned_nanos")
     if isinstance(earned, int) and not isinstance(earned, bool):
         stats.earned_nanos += earned

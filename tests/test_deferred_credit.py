@@ -1,0 +1,142 @@
+"""An accepted result is answered at once and charged moments later, off the request (contributors.credit): the
+charge is posted once whatever happens to the message that asks for it (lost, delivered twice, its batch killed
+half way), and always before anything that changes what is owed (the job ending, the device failing)."""
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from billing import money
+from billing import selectors as ledger
+from billing import services as billing
+from billing.models import Transaction
+from contributors import credit, reputation, tasks
+from contributors import services as contributors
+from contributors.models import Device, Receipt
+from jobs import services as jobs
+from jobs.models import Job, WorkUnit
+
+from . import invariants
+from .conftest import digits_npz, named_file
+from .test_spine import create_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def lost(monkeypatch) -> list[int]:
+    """The credit task's messages never arrive (a broker that lost them): the jobs they were for."""
+    sent: list[int] = []
+    monkeypatch.setattr(tasks.credit_results, "delay", sent.append)
+    return sent
+
+
+@pytest.fixture
+def veterans(settings, staff, customer, customer_api, make_device, monkeypatch):
+    """Two devices with long verified records (accepted without a re-execution) and a running 2-round job. The
+    5 % draw of a veteran's units for a segment check is taken out: these tests are about the other 95 %."""
+    monkeypatch.setattr(reputation, "should_reexecute", lambda streak, draw: False)
+    settings.MUNINN_PRICE_PER_HU = Decimal(10**10)
+    billing.balance_grant(user=customer, amount=money.to_nanos("1000"), reason="test", granted_by=staff)
+    devices = [make_device("vet-a"), make_device("vet-b")]
+    Device.objects.update(verified_streak=10_000, verified_total=10_000)
+    for device in devices:
+        device.device.refresh_from_db()
+    dataset = customer_api.post("/api/datasets", {"file": named_file(digits_npz(200), "digits.npz")},
+                                format="multipart").json()["id"]
+    job = create_job(customer_api, dataset, rounds=2)
+    return devices, Job.objects.get(pk=job["id"])
+
+
+def upload(device) -> tuple[dict, dict]:
+    unit = device.claim()
+    response = device.submit(unit["id"], *device.train(unit))
+    assert response.status_code == 201, response.content
+    return unit, response.json()
+
+
+def charges(unit_id: int) -> int:
+    return Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit_id).count()
+
+
+def test_the_answer_comes_first_and_the_sweep_charges_a_lost_credit_once(veterans, lost, contributor):
+    (a, _), job = veterans
+    unit, answer = upload(a)
+
+    assert (answer["credit"], answer["earned_nanos"]) == ("pending", 0)
+    assert Decimal(answer["credited_hu"]) > 0 and lost == [job.pk]
+    assert charges(unit["id"]) == 0 and Receipt.objects.get(unit_id=unit["id"]).credit_pending
+
+    tasks.sweep_pending_credits()
+    tasks.sweep_pending_credits()  # again, and the task itself, as a duplicate delivery would
+    tasks.credit_results(job.pk)
+
+    assert charges(unit["id"]) == 1 and not Receipt.objects.get(unit_id=unit["id"]).credit_pending
+    assert ledger.balances_for(user=contributor).get("contributor_pending", 0) > 0
+    again = a.submit(unit["id"], *a.train(unit)).json()  # the same upload once more: now it says what it earned
+    assert again["credit"] == "posted" and again["earned_nanos"] > 0
+
+
+def test_a_batch_that_dies_before_commit_charges_nothing_and_its_rerun_charges_each_once(veterans, lost,
+                                                                                       monkeypatch):
+    (a, b), job = veterans
+    units = [upload(device)[0]["id"] for device in (a, b)]
+    owed = list(Receipt.objects.filter(unit_id__in=units, credit_pending=True).values_list("unit_id", flat=True))
+    assert sorted(owed) == sorted(units)
+
+    def killed(name: str) -> None:
+        if name == "credit.before_commit":
+            raise SystemExit("killed mid-batch")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(credit, "failpoint", killed)
+        with pytest.raises(SystemExit):
+            credit.credit_pending(job_id=job.pk)
+    assert all(charges(u) == 0 for u in owed)  # rolled back whole: nothing half posted
+    assert Receipt.objects.filter(unit_id__in=owed, credit_pending=True).count() == len(owed)
+
+    assert credit.credit_pending(job_id=job.pk) == len(owed)
+    assert credit.credit_pending(job_id=job.pk) == 0
+    assert all(charges(u) == 1 for u in owed)
+
+
+def test_a_job_cancelled_with_credits_owed_pays_them_before_its_hold_is_released(veterans, lost, customer_api):
+    (a, b), job = veterans
+    units = [upload(device)[0]["id"] for device in (a, b)]
+    owed = list(Receipt.objects.filter(unit_id__in=units, credit_pending=True).values_list("unit_id", flat=True))
+    assert sorted(owed) == sorted(units)
+
+    assert customer_api.post(f"/api/jobs/{job.pk}/cancel").status_code == 200
+
+    job.refresh_from_db()
+    assert job.status == Job.Status.CANCELLED
+    assert all(charges(u) == 1 for u in owed)
+    invariants.assert_ledger_invariants(job)  # the hold is empty, and every accepted unit was charged once
+
+
+def test_a_device_failure_charges_its_owed_credits_first_then_holds_them(veterans, lost, contributor):
+    (a, _), job = veterans
+    unit, answer = upload(a)
+    assert answer["status"] == "accepted"
+
+    contributors.device_record_failure(device=a.device, reason="reexecution_mismatch: test", unit_id=None)
+
+    assert charges(unit["id"]) == 1 and not Receipt.objects.get(unit_id=unit["id"]).credit_pending
+    assert ledger.balances_for(user=contributor).get("contributor_held", 0) > 0  # held for review, not pending
+    device = Device.objects.get(pk=a.device.pk)
+    assert device.verified_streak == 0 and device.verified_total == 10_001  # counted, then the streak reset
+
+
+def test_the_last_round_closing_pays_every_owed_credit_before_the_job_succeeds(veterans, lost):
+    devices, job = veterans
+    for _ in range(job.rounds):
+        for device in devices:
+            unit = device.claim()
+            if unit is not None:
+                assert device.submit(unit["id"], *device.train(unit)).status_code == 201
+    job.refresh_from_db()
+    assert job.status == Job.Status.SUCCEEDED
+    assert not Receipt.objects.filter(unit__round__job=job, credit_pending=True).exists()
+    assert WorkUnit.objects.filter(round__job=job, status=WorkUnit.Status.ACCEPTED).count() == 4
+    invariants.assert_ledger_invariants(job)
