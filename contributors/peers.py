@@ -8,6 +8,7 @@ work. When no peer takes a check within MUNINN_PEER_CHECK_SECONDS, the site's va
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -43,7 +44,29 @@ def peer_checks_create(*, receipt: Receipt) -> list[PeerCheck]:
         existing = {c.segment for c in receipt.peer_checks.filter(tie_break=False)}
         PeerCheck.objects.bulk_create([PeerCheck(receipt=receipt, segment=j, backend=backend)
                                        for j in receipt.challenge_segments if j not in existing])
+    _queued()
     return list(receipt.peer_checks.all())
+
+
+# Most claims find no peer check queued (the site's validators run the CPU tier's checks): a process that found
+# none asks again only after this long, unless it queued one itself meanwhile (a check waits a moment longer).
+NONE_QUEUED_RECHECK_S = 0.5
+_none_queued_until = 0.0
+
+
+def _maybe_queued() -> bool:
+    global _none_queued_until
+    if time.monotonic() < _none_queued_until:
+        return False
+    if PeerCheck.objects.filter(status=PeerCheck.Status.QUEUED).exists():
+        return True
+    _none_queued_until = time.monotonic() + NONE_QUEUED_RECHECK_S
+    return False
+
+
+def _queued() -> None:
+    global _none_queued_until
+    _none_queued_until = 0.0
 
 
 def peer_check_lease(*, device: Device) -> PeerCheck | None:
@@ -51,6 +74,8 @@ def peer_check_lease(*, device: Device) -> PeerCheck | None:
     (TRUST_AFTER verified units in a row, and not a flagged owner's new device), and it is not the checked device, nor its owner's, nor a device that
     already ran this segment."""
     if device.quarantined_at is not None or device.verified_streak < reputation.TRUST_AFTER:
+        return None
+    if not _maybe_queued():
         return None
     if selectors.device_trust_streak(device) < reputation.TRUST_AFTER:  # a flagged owner's new device
         return None
@@ -174,6 +199,7 @@ def decide(*, receipt_id: int) -> str | None:
             continue
         if third is None:  # two runs disagree: a third device decides
             PeerCheck.objects.create(receipt=receipt, segment=j, backend=first.backend, tie_break=True)
+            _queued()
             return None
         if third.status in (PeerCheck.Status.QUEUED, PeerCheck.Status.LEASED):
             return None
@@ -207,8 +233,9 @@ def peer_checks_sweep(*, now=None) -> list[int]:
     """Leases of peer checks past their expiry go back to the queue; checks no peer has taken within
     MUNINN_PEER_CHECK_SECONDS expire, and their units go to the site's validator. Returns those units."""
     now = now or timezone.now()
-    PeerCheck.objects.filter(status=PeerCheck.Status.LEASED, lease_expires_at__lt=now).update(
-        status=PeerCheck.Status.QUEUED, device=None, lease_expires_at=None)
+    if PeerCheck.objects.filter(status=PeerCheck.Status.LEASED, lease_expires_at__lt=now).update(
+            status=PeerCheck.Status.QUEUED, device=None, lease_expires_at=None):
+        _queued()
     cutoff = now - timedelta(seconds=settings.MUNINN_PEER_CHECK_SECONDS)
     stale = PeerCheck.objects.filter(Q(status=PeerCheck.Status.QUEUED), created_at__lt=cutoff)
     units = sorted(set(stale.values_list("receipt__unit_id", flat=True)))

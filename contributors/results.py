@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 from django.db import transaction
@@ -75,12 +76,13 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     Posting a live result again (a client retrying after a lost answer) returns the original receipt."""
     touch(device)
     output_sha = storage.sha256_hex(weights)
-    repeat = _live_receipt(device, unit_id, output_sha)
+    live = _live_with(output_sha)
+    repeat = _live_receipt(device, unit_id, output_sha, live)
     if repeat is not None:  # the same upload again (the first answer was lost on the way): same answer
         return repeat
     try:
         unit, lease = services.leased_unit(device=device, unit_id=unit_id)
-        reference_bytes = storage.blob_get(unit.round.weights_sha256)
+        reference_bytes = storage.blob_get_cached(unit.round.weights_sha256)
         if len(weights) > checks.max_update_bytes(len(reference_bytes)) or len(weights) > max_bytes:
             raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are "
                            f"{len(reference_bytes):,}.")
@@ -90,7 +92,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     try:
         evidence, state = _check(device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
                                  reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes,
-                                 signature=signature)
+                                 signature=signature, live=live)
     except ResultRejected as e:
         Receipt.objects.create(unit=unit, device=device, lease=lease, status=Receipt.Status.REJECTED,
                                reason=f"{e.code}: {e.message}"[:500], payload=_jsonable(receipt),
@@ -131,16 +133,26 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         raise
 
 
-def _live_receipt(device: Device, unit_id: int, output_sha: str) -> Receipt | None:
-    return Receipt.objects.filter(unit_id=unit_id, device=device, output_sha256=output_sha,
-                                  status__in=[Receipt.Status.ACCEPTED, Receipt.Status.PENDING]).first()
+def _live_with(output_sha: str) -> list[tuple[int, int, int]]:
+    """(receipt id, device id, unit id) of the live receipts (not rejected) for exactly these bytes, oldest first."""
+    return list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
+                .order_by("id").values_list("id", "device_id", "unit_id"))
+
+
+def _live_receipt(device: Device, unit_id: int, output_sha: str,
+                  live: list[tuple[int, int, int]] | None = None) -> Receipt | None:
+    """This device's live receipt for these bytes and this unit (the same upload delivered again), if any."""
+    live = _live_with(output_sha) if live is None else live
+    same = next((rid for rid, device_id, uid in live if device_id == device.pk and uid == unit_id), None)
+    return None if same is None else Receipt.objects.select_related("unit").filter(
+        pk=same, status__in=[Receipt.Status.ACCEPTED, Receipt.Status.PENDING]).first()
 
 
 def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, signature: str, evidence: dict,
             output_sha: str, result_sha: str, metrics: dict, verify: bool, challenged: list[int]) -> Receipt:
     with transaction.atomic():
         unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=result_sha,
-                                                samples=receipt["samples"], metrics=metrics, verify=verify)
+                                                samples=receipt["samples"], metrics=metrics, verify=verify, unit=unit)
         stored = Receipt.objects.create(
             unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
             status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, credit_pending=not verify,
@@ -179,7 +191,8 @@ def aggregate_on_commit(round_id: int) -> None:
 
 
 def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, output_sha: str, reference_bytes: bytes,
-           receipt: dict, receipt_bytes: bytes, signature: str) -> tuple[dict, dict]:
+           receipt: dict, receipt_bytes: bytes, signature: str,
+           live: list[tuple[int, int, int]] | None = None) -> tuple[dict, dict]:
     """Every cheap check, cheapest first. A lie an honest client never tells raises ResultRejected; a check that
     honest training can fail (a rising loss on the shard, an unusual norm, a diverged result, a surprising
     speed) is evidence, listed in `evidence["suspect"]`, and sends the result to a segment check instead.
@@ -187,8 +200,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples, jobs.unit_steps(unit)), output_sha256=output_sha)
-    live = list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
-                .order_by("id").values_list("id", "device_id", "unit_id"))
+    live = _live_with(output_sha) if live is None else live  # (result_submit looked them up already)
     # Another unit's: the same unit's is this very upload delivered twice, which result_submit answers as a repeat.
     if any(device_id == device.pk and unit_id != unit.pk for _, device_id, unit_id in live):
         raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
@@ -219,9 +231,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     # Per optimizer step: shards are sized by speed, so an honest fast device's update is as many times longer
     # as it took steps; compared whole, a ten-times-faster device looked like a scaling attack.
     per_step = norm / max(jobs.unit_steps(unit), 1)
-    bound = checks.norm_bound([metrics.get("update_norm_per_step") or 0.0 for metrics in WorkUnit.objects.filter(
-        round__job_id=unit.round.job_id, status=WorkUnit.Status.ACCEPTED,
-    ).order_by("-id").values_list("result_metrics", flat=True)[:NORM_HISTORY_UNITS]])
+    bound = _norm_bound(unit.round.job_id)
     _as_evidence(evidence, checks.check_update_norm, norm, bound, per_step=per_step)
     held = (timezone.now() - lease.created_at).total_seconds()
     checks.check_timing(train_seconds=receipt["train_seconds"], held_seconds=held)
@@ -236,6 +246,30 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     evidence.update({"update_norm": norm, "update_norm_per_step": per_step, "norm_bound_per_step": bound,
                      "shard_loss_before": before, "shard_loss_after": after, "held_seconds": round(held, 3)})
     return evidence, state
+
+
+# A job's bound, once the median of NORM_BOUND_STABLE_UNITS or more, is recomputed at most every NORM_BOUND_TTL_S per
+# process: a few results more or less barely move such a median. A young job's is computed for every result.
+NORM_BOUND_TTL_S = 2.0
+NORM_BOUND_STABLE_UNITS = 20
+_NORM_BOUNDS: dict[int, tuple[float, float]] = {}  # job id → (computed at, monotonic; bound)
+
+
+def _norm_bound(job_id: int) -> float:
+    """The bound on a new update's norm per step, from the job's latest accepted units (checks.norm_bound)."""
+    now = time.monotonic()
+    cached = _NORM_BOUNDS.get(job_id)
+    if cached is not None and now - cached[0] < NORM_BOUND_TTL_S:
+        return cached[1]
+    norms = [metrics.get("update_norm_per_step") or 0.0 for metrics in WorkUnit.objects.filter(
+        round__job_id=job_id, status=WorkUnit.Status.ACCEPTED,
+    ).order_by("-id").values_list("result_metrics", flat=True)[:NORM_HISTORY_UNITS]]
+    bound = checks.norm_bound(norms)
+    if len(norms) >= NORM_BOUND_STABLE_UNITS:
+        if len(_NORM_BOUNDS) > 1024:
+            _NORM_BOUNDS.clear()
+        _NORM_BOUNDS[job_id] = (now, bound)
+    return bound
 
 
 # Cheap checks that honest training can fail: evidence that calls for a segment check, never a refusal.

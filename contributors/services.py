@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from billing import money
@@ -89,14 +90,18 @@ def unit_claim(*, device: Device) -> Claim | None:
         unit = jobs.unit_lease(device_id=device.pk, resources=selectors.device_resources(device))
         if unit is None:
             return None
-        unit = WorkUnit.objects.select_related("round__job").get(pk=unit.pk)
         k = tolerances.segment_steps_for(unit.round.job.template, jobs.unit_steps(unit))
         lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token, segment_steps=k)
     return Claim(unit, lease)
 
 
 def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
-    """The unit, if the device holds its current lease (for downloads, heartbeats and results)."""
+    """The unit, if the device holds its current lease (for downloads, heartbeats and results): one query when it
+    does; anything else takes the slow path for the exact error."""
+    lease = (Lease.objects.select_related("unit__round__job")
+             .filter(device=device, unit_id=unit_id, unit__lease_token=F("token")).first())
+    if lease is not None:
+        return lease.unit, lease
     unit = WorkUnit.objects.select_related("round__job").filter(pk=unit_id).first()
     if unit is None:
         raise NotFound(f"There is no unit {unit_id}.")
@@ -114,16 +119,12 @@ def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
 
 
 def unit_heartbeat(*, device: Device, unit_id: int):
-    """Extend the device's lease on the unit. The common case, the holder's heartbeat, costs two queries: its
-    latest lease's token, then the conditional update; anything else takes the slow path for the exact error."""
+    """Extend the device's lease on the unit. The common case, the holder's heartbeat, is one conditional update
+    (the unit is leased, to this device); anything else takes the slow path for the exact error."""
     touch(device)
-    token = (Lease.objects.filter(device=device, unit_id=unit_id).order_by("-id")
-             .values_list("token", flat=True).first())
-    if token is not None:
-        try:
-            return jobs.unit_heartbeat(unit_id=unit_id, lease_token=token)
-        except Conflict:
-            pass
+    expires = jobs.unit_heartbeat_holder(unit_id=unit_id, device_id=device.pk)
+    if expires is not None:
+        return expires
     unit, lease = leased_unit(device=device, unit_id=unit_id)
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
 

@@ -497,36 +497,68 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     straggler's backup (the round waits on it), then one nobody else has reserved; never a unit in its backoff
     after a refusal (nor, for a minute more, one refused from this device); never the backup of a
     unit this device is itself running. Never the same unit to two devices: rows are locked with SKIP
-    LOCKED where the database has it, and the lease itself is a conditional update on the status."""
+    LOCKED where the database has it, and the lease itself is a conditional update on the status.
+    Returns the unit with its round and job loaded."""
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
     now = timezone.now()
+    queued = WorkUnit.objects.filter(
+        _runnable_on(resources), Q(not_before__isnull=True) | Q(not_before__lte=now),
+        status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
+    ).exclude(backup_of__leased_device_id=device_id).exclude(
+        refused_device_id=device_id,
+        not_before__gt=now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS))
+    unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
+    lease = {"status": WorkUnit.Status.LEASED, "leased_device_id": device_id,
+             "lease_expires_at": now + timedelta(seconds=lease_seconds)}
+    # Passes in id order, each an index walk that stops at the first rows that fit: a claim costs the
+    # same with a hundred or a hundred thousand units queued (one ORDER BY putting the device's own
+    # first would sort every queued unit on every claim).
     with transaction.atomic():
-        queued = WorkUnit.objects.filter(
-            _runnable_on(resources), Q(not_before__isnull=True) | Q(not_before__lte=now),
-            status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
-        ).exclude(backup_of__leased_device_id=device_id).exclude(
-            refused_device_id=device_id,
-            not_before__gt=now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS))
-        unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
-        # Passes in id order, each an index walk that stops at the first rows that fit: a claim costs the
-        # same with a hundred or a hundred thousand units queued (one ORDER BY putting the device's own
-        # first would sort every queued unit on every claim).
         for candidates in (queued.filter(preferred_device_id=device_id),
                            queued.filter(unreserved, backup_of__isnull=False),
                            queued.filter(unreserved)):
             candidates = candidates.order_by("id")
-            if connection.features.has_select_for_update_skip_locked:
-                candidates = candidates.select_for_update(skip_locked=True, of=("self",))
-            for unit in candidates[:4]:
-                token = uuid.uuid4()
-                leased = WorkUnit.objects.filter(pk=unit.pk, status=WorkUnit.Status.QUEUED).update(
-                    status=WorkUnit.Status.LEASED, lease_token=token, leased_device_id=device_id,
-                    lease_expires_at=now + timedelta(seconds=lease_seconds), attempts=F("attempts") + 1,
-                )
-                if leased:
-                    unit.refresh_from_db()
-                    return unit
+            if connection.vendor == "postgresql":
+                unit_id = _lease_first(candidates, token=uuid.uuid4(), **lease)
+            else:
+                unit_id = _lease_one_of(candidates[:4], token=uuid.uuid4(), **lease)
+            if unit_id is not None:
+                return WorkUnit.objects.select_related("round__job").get(pk=unit_id)
     return None
+
+
+def _lease_first(candidates, *, token: uuid.UUID, status: str, leased_device_id: int, lease_expires_at) -> int | None:
+    """PostgreSQL: lease the first candidate no other claim holds, in one statement (a queue's UPDATE ... WHERE id
+    = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1))."""
+    pick, params = candidates.select_for_update(skip_locked=True, of=("self",)).values("id")[:1].query.sql_with_params()
+    table = WorkUnit._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{table}" SET status = %s, lease_token = %s, leased_device_id = %s, lease_expires_at = %s, '
+            f'attempts = attempts + 1 WHERE id = ({pick}) AND status = %s RETURNING id',
+            [status, token, leased_device_id, lease_expires_at, *params, WorkUnit.Status.QUEUED])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _lease_one_of(candidates, *, token: uuid.UUID, **lease) -> int | None:
+    """Elsewhere (SQLite: one writer at a time): the first candidate whose conditional update wins."""
+    if connection.features.has_select_for_update_skip_locked:
+        candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+    for unit_id in candidates.values_list("id", flat=True):
+        if WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.QUEUED).update(
+                lease_token=token, attempts=F("attempts") + 1, **lease):
+            return unit_id
+    return None
+
+
+def unit_heartbeat_holder(*, unit_id: int, device_id: int, lease_seconds: int | None = None) -> datetime | None:
+    """Extend the lease of a unit leased to this device now (whichever of its leases: a device holds one lease
+    of a unit at a time); None when it holds none."""
+    expires = timezone.now() + timedelta(seconds=lease_seconds or settings.MUNINN_LEASE_SECONDS)
+    extended = WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.LEASED, leased_device_id=device_id).update(
+        lease_expires_at=expires)
+    return expires if extended else None
 
 
 def unit_heartbeat(*, unit_id: int, lease_token: uuid.UUID, lease_seconds: int | None = None) -> datetime:
@@ -543,36 +575,46 @@ SUPERSEDED = "Another device's result for the same shard was accepted first (thi
 
 
 def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, samples: int,
-                metrics: dict, verify: bool = False) -> tuple[WorkUnit, bool]:
+                metrics: dict, verify: bool = False, unit: WorkUnit | None = None) -> tuple[WorkUnit, bool]:
     """Record a result that passed the cheap checks: accepted at once, or `verify`ing until a re-execution
     agrees (see unit_verified / unit_reject). An accepted result cancels its shard's other copy (a
     straggler and its backup: the first valid result wins). Its arrival moves the round's deadlines.
-    Returns (unit, round_complete). Must run inside the caller's transaction so that crediting the work
-    commits with it. The round row is locked first, so an aggregation never misses a result it has already
-    been told about, and two copies of one shard are never both accepted."""
-    unit = WorkUnit.objects.select_related("round").get(pk=unit_id)
+    Returns (unit, round_complete). Must run inside the caller's transaction so that the receipt commits with
+    it. The round row is locked first, so an aggregation never misses a result it has already been told about,
+    and two copies of one shard are never both accepted. `unit`: the unit as the caller loaded it (with its round
+    and job), updated in place rather than read again."""
+    if unit is None:
+        unit = WorkUnit.objects.select_related("round__job").get(pk=unit_id)
     rnd = Round.objects.select_for_update().get(pk=unit.round_id)
-    unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
-    if unit.status in (WorkUnit.Status.ACCEPTED, WorkUnit.Status.VERIFYING):
-        raise Conflict("This unit already has a result.", code="already_done")
-    if unit.status == WorkUnit.Status.CANCELLED and rnd.status == Round.Status.OPEN:
-        raise Conflict(SUPERSEDED, code="superseded")
-    if rnd.status != Round.Status.OPEN or unit.status != WorkUnit.Status.LEASED or unit.lease_token != lease_token:
-        raise Conflict("This unit is no longer leased to you (the lease expired or the round closed).",
-                       code="lease_lost")
     now = timezone.now()
-    unit.status = WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED
-    unit.accepted_at = None if verify else now
-    unit.result_sha256, unit.result_samples, unit.result_metrics = result_sha256, samples, metrics
-    unit.lease_expires_at, unit.submitted_at = None, now
-    unit.save()
+    fields = {"status": WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED,
+              "accepted_at": None if verify else now, "result_sha256": result_sha256, "result_samples": samples,
+              "result_metrics": metrics, "lease_expires_at": None, "submitted_at": now}
+    # One conditional update: still leased to this lease, in a round still open (the round's lock is held).
+    if rnd.status != Round.Status.OPEN or not WorkUnit.objects.filter(
+            pk=unit_id, status=WorkUnit.Status.LEASED, lease_token=lease_token).update(**fields):
+        _refuse_accept(WorkUnit.objects.get(pk=unit_id), rnd)
+    for field, value in fields.items():
+        setattr(unit, field, value)
     if not verify:
         _cancel_copies(unit)
     if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
         WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
+    job = unit.round.job
     _round_reschedule(rnd, now)
+    rnd.job = job
     unit.round = rnd
     return unit, _round_complete(rnd)
+
+
+def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:
+    """Why a result for this unit cannot be accepted now (always raises Conflict)."""
+    if unit.status in (WorkUnit.Status.ACCEPTED, WorkUnit.Status.VERIFYING):
+        raise Conflict("This unit already has a result.", code="already_done")
+    if unit.status == WorkUnit.Status.CANCELLED and rnd.status == Round.Status.OPEN:
+        raise Conflict(SUPERSEDED, code="superseded")
+    raise Conflict("This unit is no longer leased to you (the lease expired or the round closed).",
+                   code="lease_lost")
 
 
 def _cancel_copies(unit: WorkUnit) -> int:

@@ -4,6 +4,8 @@ The path is the sha256 of the bytes, so a blob is written once, can be cached an
 task that runs twice writes the same file.
 """
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,6 +47,32 @@ def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
 def blob_get(sha256: str) -> bytes:
     with default_storage.open(blob_path(sha256), "rb") as f:
         return f.read()
+
+
+_CACHE: OrderedDict[str, bytes] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_BYTES = 64 * 2**20  # the most bytes blob_get_cached keeps in a process
+_cached_bytes = 0
+
+
+def blob_get_cached(sha256: str) -> bytes:
+    """blob_get for blobs read again and again (a round's global weights, read by every result's checks): a blob is
+    named by its content, so a copy kept in memory is never stale. The least recently used go first."""
+    with _CACHE_LOCK:
+        data = _CACHE.get(sha256)
+        if data is not None:
+            _CACHE.move_to_end(sha256)
+            return data
+    data = blob_get(sha256)
+    global _cached_bytes
+    if len(data) <= CACHE_BYTES // 8:
+        with _CACHE_LOCK:
+            if sha256 not in _CACHE:
+                _CACHE[sha256] = data
+                _cached_bytes += len(data)
+            while _cached_bytes > CACHE_BYTES:
+                _cached_bytes -= len(_CACHE.popitem(last=False)[1])
+    return data
 
 
 def blob_size(sha256: str) -> int:
