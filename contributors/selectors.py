@@ -24,7 +24,11 @@ def devices_available() -> QuerySet[Device]:
 def owner_flagged_before(device: Device) -> bool:
     """Whether the device was registered after a failure confirmed on another of its owner's devices that is
     still flagged (quarantined, or with failures not yet cleared by a lifted quarantine): a cheater's fresh
-    device earns no trust while the old one's case is open."""
+    device earns no trust while the old one's case is open. A device from the request's authentication has it
+    already (authentication._device_sql)."""
+    known = getattr(device, "owner_flagged", None)
+    if known is not None:
+        return bool(known)
     flagged = Device.objects.filter(owner_id=device.owner_id).exclude(pk=device.pk).filter(
         Q(quarantined_at__isnull=False) | Q(failures__gt=0))
     return DeviceEvent.objects.filter(device__in=flagged, kind=DeviceEvent.Kind.FAILURE,

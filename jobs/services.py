@@ -513,7 +513,7 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     # Passes in id order, each an index walk that stops at the first rows that fit: a claim costs the
     # same with a hundred or a hundred thousand units queued (one ORDER BY putting the device's own
     # first would sort every queued unit on every claim).
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # nothing here to undo on its own: a failure fails the caller's claim
         for candidates in (queued.filter(preferred_device_id=device_id),
                            queued.filter(unreserved, backup_of__isnull=False),
                            queued.filter(unreserved)):
