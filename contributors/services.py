@@ -11,6 +11,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing import money
+from jobs import selectors as job_selectors
 from jobs import services as jobs
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
@@ -98,9 +99,10 @@ def unit_claim(*, device: Device) -> Claim | None:
 def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
     """The unit, if the device holds its current lease (for downloads, heartbeats and results): one query when it
     does; anything else takes the slow path for the exact error."""
-    lease = (Lease.objects.select_related("unit__round__job")
-             .filter(device=device, unit_id=unit_id, unit__lease_token=F("token")).first())
+    lease = Lease.objects.select_related("unit").filter(device=device, unit_id=unit_id,
+                                                         unit__lease_token=F("token")).first()
     if lease is not None:
+        lease.unit.round = job_selectors.round_fixed(lease.unit.round_id)  # its fixed fields only: see there
         return lease.unit, lease
     unit = WorkUnit.objects.select_related("round__job").filter(pk=unit_id).first()
     if unit is None:

@@ -9,6 +9,24 @@ from django.shortcuts import get_object_or_404
 from .models import Dataset, Job, Round, WorkUnit
 
 
+_FIXED: dict[int, Round] = {}
+FIXED_ROUNDS_KEPT = 4096
+
+
+def round_fixed(round_id: int) -> Round:
+    """The round with its job, read once per process for the worker API's hot path (every claim and result of the
+    round needs them). Only what is fixed once the round is open may be read from it: its number, weights and
+    opening time, and the job's owner, template, configuration and hyper-parameters. Its status, deadlines and
+    results, and the job's status and progress, are stale at once: read those fresh (unit_accept locks the round)."""
+    rnd = _FIXED.get(round_id)
+    if rnd is None:
+        rnd = Round.objects.select_related("job").get(pk=round_id)
+        if len(_FIXED) >= FIXED_ROUNDS_KEPT:
+            _FIXED.clear()
+        _FIXED[round_id] = rnd
+    return rnd
+
+
 def datasets_for(*, owner) -> QuerySet[Dataset]:
     return Dataset.objects.filter(owner=owner)
 

@@ -519,26 +519,27 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
                            queued.filter(unreserved)):
             candidates = candidates.order_by("id")
             if connection.vendor == "postgresql":
-                unit_id = _lease_first(candidates, token=uuid.uuid4(), **lease)
+                unit = _lease_first(candidates, token=uuid.uuid4(), **lease)
             else:
                 unit_id = _lease_one_of(candidates[:4], token=uuid.uuid4(), **lease)
-            if unit_id is not None:
-                return WorkUnit.objects.select_related("round__job").get(pk=unit_id)
+                unit = None if unit_id is None else WorkUnit.objects.get(pk=unit_id)
+            if unit is not None:
+                unit.round = selectors.round_fixed(unit.round_id)
+                return unit
     return None
 
 
-def _lease_first(candidates, *, token: uuid.UUID, status: str, leased_device_id: int, lease_expires_at) -> int | None:
+def _lease_first(candidates, *, token: uuid.UUID, status: str, leased_device_id: int,
+                 lease_expires_at) -> WorkUnit | None:
     """PostgreSQL: lease the first candidate no other claim holds, in one statement (a queue's UPDATE ... WHERE id
-    = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1))."""
+    = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING the leased row)."""
     pick, params = candidates.select_for_update(skip_locked=True, of=("self",)).values("id")[:1].query.sql_with_params()
     table = WorkUnit._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f'UPDATE "{table}" SET status = %s, lease_token = %s, leased_device_id = %s, lease_expires_at = %s, '
-            f'attempts = attempts + 1 WHERE id = ({pick}) AND status = %s RETURNING id',
-            [status, token, leased_device_id, lease_expires_at, *params, WorkUnit.Status.QUEUED])
-        row = cursor.fetchone()
-    return row[0] if row else None
+    leased = WorkUnit.objects.raw(
+        f'UPDATE "{table}" SET status = %s, lease_token = %s, leased_device_id = %s, lease_expires_at = %s, '
+        f'attempts = attempts + 1 WHERE id = ({pick}) AND status = %s RETURNING *',
+        [status, token, leased_device_id, lease_expires_at, *params, WorkUnit.Status.QUEUED])
+    return next(iter(leased), None)
 
 
 def _lease_one_of(candidates, *, token: uuid.UUID, **lease) -> int | None:
