@@ -263,6 +263,54 @@ def unit_charge(*, unit, contributor) -> Transaction:
         )
 
 
+def unit_charges(*, job, charges: Sequence[tuple]) -> list[Transaction]:
+    """unit_charge for many verified units of one job at once, [(unit, contributor), ...]: the same transactions,
+    amounts, keys and memos as charging them one by one in this order (so never more than the hold, never twice
+    for one unit), with the job's hold locked, and its quote, charged FLOPs, remaining hold and accounts read once;
+    each unit's charge is still its own balanced transaction. Returns them in order (the first one's for a unit
+    charged before)."""
+    if not charges:
+        return []
+    with transaction.atomic():
+        held = locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))  # serialises a job's charges
+        keys = [f"charge:unit:{unit.pk}" for unit, _ in charges]
+        done = {t.idempotency_key: t for t in Transaction.objects.filter(idempotency_key__in=keys)}
+        price, quoted_flops = _quoted(job)
+        charged_flops = selectors.job_flops_charged(job=job)
+        remaining = selectors.job_hold_remaining(job=job)
+        fee_account = account_for(kind=Kind.PLATFORM_FEE)
+        pending: dict[int, Account] = {}
+        least = money.to_nanos(settings.MUNINN_MIN_EARNING_PER_UNIT)
+        new, lines_of = [], []
+        for (unit, contributor), key in zip(charges, keys):
+            if key in done:
+                continue
+            amount = money.step_share(price, quoted_flops, charged_flops, unit.flops)
+            if amount > remaining:  # re-issued or extra work beyond the estimate is the platform's cost
+                log.warning("unit %s: charge %s capped at the hold's remaining %s", unit.pk, amount, remaining)
+                amount = remaining
+            to_contributor, fee = money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)
+            top_up = max(0, least - to_contributor)
+            if contributor.pk not in pending:
+                pending[contributor.pk] = account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor)
+            lines = [(held, -amount), (pending[contributor.pk], to_contributor + top_up), (fee_account, fee - top_up)]
+            if sum(n for _, n in lines) != 0:
+                raise ValueError(f"unbalanced transaction {key}")
+            txn = Transaction(idempotency_key=key, kind=Transaction.Kind.CHARGE, job=job, unit=unit, flops=unit.flops,
+                              memo=(f"job {job.pk} round {unit.round.number} unit {unit.pk}"
+                                    + (f" (the platform adds {_fmt(top_up)}: the least a unit earns)"
+                                       if top_up else ""))[:500])
+            done[key] = txn
+            new.append(txn)
+            lines_of.append(lines)
+            charged_flops += unit.flops
+            remaining -= amount
+        Transaction.objects.bulk_create(new)
+        Entry.objects.bulk_create([Entry(transaction=txn, account=account, amount=n)
+                                   for txn, lines in zip(new, lines_of) for account, n in lines if n])
+    return [done[key] for key in keys]
+
+
 def check_charge(*, job, check_id: int, flops: int, contributor, memo: str) -> Transaction:
     """A peer device's verified work checking another device's segment (contributors.peers), paid once per check
     at the contributor's share of what the job's work is priced at (its quote's price per FLOP), and never less

@@ -47,8 +47,13 @@ def credit_pending(*, job_id: int | None = None, device_id: int | None = None, w
     with transaction.atomic():
         receipts = list(_locked(pending, skip_locked=not wait)
                         .select_related("unit__round__job", "device__owner").order_by("id")[:BATCH])
+        by_job: dict[int, list[Receipt]] = {}
         for receipt in receipts:
-            credit(unit=receipt.unit, receipt=receipt)
+            by_job.setdefault(receipt.unit.round.job_id, []).append(receipt)
+        for batch in by_job.values():
+            billing.unit_charges(job=batch[0].unit.round.job, charges=[(r.unit, r.device.owner) for r in batch])
+        devices_record_successes([(r.device_id, jobs.unit_work_samples(r.unit), r.unit.flops, r.train_seconds or 0.0)
+                                  for r in receipts])
         Receipt.objects.filter(pk__in=[r.pk for r in receipts]).update(credit_pending=False)
         if receipts:
             failpoint("credit.before_commit")
@@ -80,13 +85,28 @@ def credit_peer_check(*, check) -> None:
 
 def device_record_success(*, device: Device, work_samples: int, flops: int, seconds: float) -> None:
     """A result passed every check: the streak grows and the speed estimates (samples/s, FLOP/s) learn from it."""
-    total, samples_now, flops_now = (Device.objects.filter(pk=device.pk)
-                                     .values_list("verified_total", "samples_per_s", "flops_per_s").get())
-    changes = {"verified_streak": F("verified_streak") + 1, "verified_total": F("verified_total") + 1}
-    if seconds > 0:
-        changes["samples_per_s"] = _throughput(samples_now, measured=work_samples / seconds, replace=total == 0)
-        changes["flops_per_s"] = _throughput(flops_now, measured=flops / seconds, replace=total == 0)
-    Device.objects.filter(pk=device.pk).update(**changes)
+    devices_record_successes([(device.pk, work_samples, flops, seconds)])
+
+
+def devices_record_successes(successes: list[tuple[int, int, int, float]]) -> None:
+    """device_record_success for many results, [(device id, work samples, FLOPs, seconds), ...] in the order they
+    are credited: one read of the devices and one update per device."""
+    if not successes:
+        return
+    now = {pk: [total, samples, flops] for pk, total, samples, flops in Device.objects.filter(
+        pk__in={s[0] for s in successes}).values_list("pk", "verified_total", "samples_per_s", "flops_per_s")}
+    counts: dict[int, int] = {}
+    for pk, work_samples, flops, seconds in successes:
+        total, samples_now, flops_now = now[pk]
+        if seconds > 0:
+            now[pk][1] = _throughput(samples_now, measured=work_samples / seconds, replace=total == 0)
+            now[pk][2] = _throughput(flops_now, measured=flops / seconds, replace=total == 0)
+        now[pk][0] = total + 1
+        counts[pk] = counts.get(pk, 0) + 1
+    for pk, n in counts.items():
+        Device.objects.filter(pk=pk).update(verified_streak=F("verified_streak") + n,
+                                            verified_total=F("verified_total") + n,
+                                            samples_per_s=now[pk][1], flops_per_s=now[pk][2])
 
 
 def _throughput(current: float, *, measured: float, replace: bool) -> float:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 
 from billing import money
 from billing import selectors as ledger
 from billing import services as billing
-from billing.models import Transaction
+from billing.models import Entry, Transaction
 from contributors import credit, reputation, tasks
 from contributors import services as contributors
 from contributors.models import Device, Receipt
@@ -140,3 +141,25 @@ def test_the_last_round_closing_pays_every_owed_credit_before_the_job_succeeds(v
     assert not Receipt.objects.filter(unit__round__job=job, credit_pending=True).exists()
     assert WorkUnit.objects.filter(round__job=job, status=WorkUnit.Status.ACCEPTED).count() == 4
     invariants.assert_ledger_invariants(job)
+
+
+def test_a_batch_posts_exactly_what_charging_its_units_one_by_one_posts(veterans, lost, settings):
+    (a, b), job = veterans
+    settings.MUNINN_MIN_EARNING_PER_UNIT = "0.000000001"
+    units = [upload(device)[0]["id"] for device in (a, b)]
+    receipts = list(Receipt.objects.filter(unit_id__in=units).select_related("unit__round__job", "device__owner")
+                    .order_by("id"))
+
+    def posted(charge) -> list[tuple]:
+        with transaction.atomic():
+            charge(receipts)
+            rows = sorted(Entry.objects.filter(transaction__kind=Transaction.Kind.CHARGE, transaction__job=job)
+                          .values_list("transaction__unit_id", "transaction__memo", "account__key", "amount"))
+            transaction.set_rollback(True)
+        return rows
+
+    one_by_one = posted(lambda rs: [billing.unit_charge(unit=r.unit, contributor=r.device.owner) for r in rs])
+    batched = posted(lambda rs: billing.unit_charges(job=job, charges=[(r.unit, r.device.owner) for r in rs]))
+
+    assert one_by_one and batched == one_by_one
+    assert len({row[0] for row in batched}) == len(receipts)
