@@ -56,7 +56,8 @@ class Stack:
         return out.stdout
 
     def web(self, port: int, name: str = "web", env: dict[str, str] | None = None, *, workers: int = 2,
-            threads: int = 4) -> str:
+            threads: int = 16) -> str:
+        # Threads beyond the MUNINN_CLAIM_WAITERS (8) long-poll claims a process may hold, for everything else.
         self.spawn(name, [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"127.0.0.1:{port}",
                           "--workers", str(workers), "--threads", str(threads), "--timeout", "120"], env)
         url = f"http://127.0.0.1:{port}"
