@@ -27,7 +27,8 @@ def free_port() -> int:
 
 def base_env(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = f"{ROOT / 'platform'}:{ROOT}"
+    # This checkout's worker client first, whatever an editable install elsewhere points at (as scripts/run.sh).
+    env["PYTHONPATH"] = f"{ROOT / 'platform'}:{ROOT}:{ROOT / 'worker_client'}"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(overrides)
     return env
