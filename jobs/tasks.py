@@ -29,7 +29,7 @@ def open_round(job_id: int) -> int | None:
         services.job_fail(job_id=job_id, error=f"opening a round failed: {e}")
         return None
     if rnd is not None:
-        wakeups.units_queued()  # its units are committed: devices waiting on a claim get them now
+        wakeups.units_queued_on_commit()  # devices waiting on a claim get its units the moment they are in
     return rnd.pk if rnd else None
 
 
@@ -44,7 +44,7 @@ def aggregate_round(round_id: int) -> None:
 def requeue_expired_leases() -> int:
     count = services.units_requeue_expired()
     if count:
-        wakeups.units_queued()
+        wakeups.units_queued_on_commit()
         log.info("re-queued %s unit(s) whose lease expired", count)
     return count
 
@@ -53,7 +53,7 @@ def requeue_expired_leases() -> int:
 def close_overdue_rounds() -> None:
     """Past the soft deadline, re-issue stragglers; past the hard one, close with the verified updates."""
     if services.units_reissue_stragglers():
-        wakeups.units_queued()
+        wakeups.units_queued_on_commit()
     for round_id in services.rounds_overdue():
         aggregate_round(round_id)
 
