@@ -20,7 +20,7 @@ from muninn.errors import InvalidInput, NotFound, TooLarge
 
 from muninn_worker.segments import MAX_SEGMENTS
 
-from . import challenges, peers, results, selectors, services
+from . import challenges, peers, push, results, selectors, services
 from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
@@ -70,6 +70,24 @@ class DeviceView(APIView):
     permission_classes = [HasDevice]
 
 
+def claim_wait(request) -> float:
+    """The seconds a claim may be held: the body's "wait", else the query's, else 0 (answer at once). Longer
+    than MUNINN_CLAIM_WAIT_MAX is cut to it; anything but a number from 0 up is refused."""
+    data = request.data if isinstance(request.data, dict) else {}
+    value = data.get("wait", request.query_params.get("wait", 0))
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        wait = float(value)
+    except (TypeError, ValueError):
+        wait = float("nan")
+    if not (0 <= wait < float("inf")):
+        raise InvalidInput(f"'wait' must be a number of seconds from 0 to {settings.MUNINN_CLAIM_WAIT_MAX:g} "
+                           f"(got {str(value)[:40]!r}).", code="bad_wait",
+                           detail={"max": settings.MUNINN_CLAIM_WAIT_MAX})
+    return min(wait, settings.MUNINN_CLAIM_WAIT_MAX)
+
+
 def unit_payload(claim: services.Claim) -> dict:
     unit, job = claim.unit, claim.unit.round.job
     return {
@@ -85,8 +103,13 @@ def unit_payload(claim: services.Claim) -> dict:
 
 
 class ClaimView(DeviceView):
+    """A claim, held up to `wait` seconds (body {"wait": 25} or ?wait=25) until a unit is queued for the device."""
+
     def post(self, request):
-        claim = services.unit_claim(device=request.auth)
+        try:
+            claim = push.unit_claim_wait(device=request.auth, wait=claim_wait(request))
+        except push.WaitersFull as full:
+            return Response(status=204, headers={"Retry-After": str(full.retry_after)})
         if claim is None:
             return Response(status=204)
         if claim.check is not None:

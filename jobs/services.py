@@ -20,7 +20,7 @@ from muninn_worker import tensors, training, zoo
 from muninn.errors import Conflict, InvalidInput, TooLarge
 from muninn.failpoints import failpoint
 
-from . import algorithms, datasets, deadlines, estimate, preparation, robust, selectors, storage
+from . import algorithms, datasets, deadlines, estimate, preparation, robust, selectors, storage, wakeups
 from .models import Dataset, Job, Round, WorkUnit
 from .sharding import plan_shards
 from .signals import job_ended, job_ending, job_started
@@ -673,6 +673,7 @@ def unit_release(*, unit_id: int, lease_token: uuid.UUID) -> bool:
         if unit is None:
             return False
         WorkUnit.objects.filter(pk=unit.pk).update(**_requeue_after_refusal(unit))
+        wakeups.units_queued_on_commit()
     return True
 
 
@@ -689,6 +690,7 @@ def unit_reject(*, unit_id: int) -> WorkUnit:
     unit.submitted_at = None
     unit.result_sha256, unit.result_samples, unit.result_metrics = "", None, {}
     unit.save()
+    wakeups.units_queued_on_commit()
     return unit
 
 

@@ -7,7 +7,7 @@ import logging
 
 from celery import shared_task
 
-from . import services
+from . import services, wakeups
 from .models import Job, Round
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,8 @@ def open_round(job_id: int) -> int | None:
         log.exception("job %s: opening a round failed", job_id)
         services.job_fail(job_id=job_id, error=f"opening a round failed: {e}")
         return None
+    if rnd is not None:
+        wakeups.units_queued_on_commit()  # devices waiting on a claim get its units the moment they are in
     return rnd.pk if rnd else None
 
 
@@ -42,6 +44,7 @@ def aggregate_round(round_id: int) -> None:
 def requeue_expired_leases() -> int:
     count = services.units_requeue_expired()
     if count:
+        wakeups.units_queued_on_commit()
         log.info("re-queued %s unit(s) whose lease expired", count)
     return count
 
@@ -49,7 +52,8 @@ def requeue_expired_leases() -> int:
 @shared_task(name="jobs.tasks.close_overdue_rounds")
 def close_overdue_rounds() -> None:
     """Past the soft deadline, re-issue stragglers; past the hard one, close with the verified updates."""
-    services.units_reissue_stragglers()
+    if services.units_reissue_stragglers():
+        wakeups.units_queued_on_commit()
     for round_id in services.rounds_overdue():
         aggregate_round(round_id)
 

@@ -27,7 +27,8 @@ def free_port() -> int:
 
 def base_env(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = f"{ROOT / 'platform'}:{ROOT}"
+    # This checkout's worker client first, whatever an editable install elsewhere points at (as scripts/run.sh).
+    env["PYTHONPATH"] = f"{ROOT / 'platform'}:{ROOT}:{ROOT / 'worker_client'}"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(overrides)
     return env
@@ -56,7 +57,8 @@ class Stack:
         return out.stdout
 
     def web(self, port: int, name: str = "web", env: dict[str, str] | None = None, *, workers: int = 2,
-            threads: int = 4) -> str:
+            threads: int = 16) -> str:
+        # Threads beyond the MUNINN_CLAIM_WAITERS (8) long-poll claims a process may hold, for everything else.
         self.spawn(name, [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"127.0.0.1:{port}",
                           "--workers", str(workers), "--threads", str(threads), "--timeout", "120"], env)
         url = f"http://127.0.0.1:{port}"

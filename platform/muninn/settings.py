@@ -197,6 +197,19 @@ MUNINN_CONTRIBUTOR_SHARE = Decimal(env.str("MUNINN_CONTRIBUTOR_SHARE", default="
 MUNINN_MIN_CHARGE_PER_JOB = Decimal(env.str("MUNINN_MIN_CHARGE_PER_JOB", default="0.01"))
 MUNINN_MIN_EARNING_PER_UNIT = Decimal(env.str("MUNINN_MIN_EARNING_PER_UNIT", default="0.00001"))
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
+# Long-poll claims (contributors/push.py): a device may ask the site to hold its claim up to this many seconds
+# until a unit is queued for it. Each held claim holds a web thread (and, on PostgreSQL, its connection), so a
+# process holds at most MUNINN_CLAIM_WAITERS of them and answers the rest 204 at once with a Retry-After: run the
+# web with more threads than that (scripts/stack.py: 16 threads for 8 waiters) so results and downloads get some.
+MUNINN_CLAIM_WAIT_MAX = env.float("MUNINN_CLAIM_WAIT_MAX", default=30.0)
+MUNINN_CLAIM_WAITERS = env.int("MUNINN_CLAIM_WAITERS", default=8)
+# How a held claim learns that units were queued (jobs/wakeups.py): Redis pub/sub when there is a Redis (the
+# broker's, unless set), else a stamp file under MUNINN_VAR_DIR (one machine). Either way it also re-checks
+# this often, for what no event announces (a refused unit's backoff running out, a shard's reservation lapsing).
+MUNINN_WAKEUP_REDIS_URL = env.str("MUNINN_WAKEUP_REDIS_URL", default=(
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""))
+MUNINN_WAKEUP_DIR = env.str("MUNINN_WAKEUP_DIR", default=str(VAR_DIR / "wakeups"))
+MUNINN_CLAIM_RECHECK_SECONDS = env.float("MUNINN_CLAIM_RECHECK_SECONDS", default=1.0)
 MUNINN_RESERVATION_SECONDS = env.int("MUNINN_RESERVATION_SECONDS", default=10)  # a shard waits this long for its device
 MUNINN_DEVICE_ONLINE_SECONDS = env.int("MUNINN_DEVICE_ONLINE_SECONDS", default=60)
 # Active devices one contributor account may register (50 fresh devices split a round into slivers).

@@ -9,3 +9,8 @@ torch.set_num_threads(int(os.environ.get("MUNINN_WEB_TORCH_THREADS", "1")))
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muninn.settings")
 application = get_wsgi_application()
+
+# Held long-poll claims end at once when gunicorn tells this worker to stop (jobs/wakeups.py).
+from jobs.wakeups import stop_waiting_on_sigterm  # noqa: E402  (after Django is set up)
+
+stop_waiting_on_sigterm()

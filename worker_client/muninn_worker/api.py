@@ -19,7 +19,7 @@ from urllib3.filepost import encode_multipart_formdata
 from muninn_worker import __version__
 from muninn_worker.cache import ContentCache
 from muninn_worker.failpoints import failpoint
-from muninn_worker.retry import NETWORK_ERRORS, RetryHook, call_with_retry
+from muninn_worker.retry import NETWORK_ERRORS, RetryHook, call_with_retry, retry_after_seconds
 from muninn_worker.signing import sign
 
 __all__ = ["ApiClient", "ApiError", "NetworkError", "DownloadProgress"]
@@ -73,6 +73,7 @@ class ApiClient:
         self.retry_sleep = retry_sleep
         self.on_retry = on_retry
         self.signing_key = signing_key  # base64 Ed25519 private key: receipts are signed when it is set
+        self.retry_after: float | None = None  # the last empty claim's Retry-After (see claim)
         # requests.Session is not thread-safe; the heartbeat thread gets its own.
         self._local = threading.local()
 
@@ -89,10 +90,18 @@ class ApiClient:
             raise ApiError(response.status_code, "bad_response", "registration answer lacks device_id/device_token")
         return body
 
-    def claim(self) -> dict | None:
-        """POST /api/worker/claim → the leased unit, or None when there is nothing to do (204)."""
-        response = self._request("POST", "/api/worker/claim", json={}, expected=(200, 204))
+    def claim(self, wait: float = 0.0) -> dict | None:
+        """POST /api/worker/claim → the leased unit, or None when there is nothing to do (204).
+
+        `wait` > 0 asks the site to hold the claim up to that many seconds until a unit is queued for this device
+        (a long poll); a site that cannot hold it (too many claims held, or an older site) answers 204 at once.
+        After a 204, `retry_after` is the site's Retry-After in seconds, or None when it sent none."""
+        self.retry_after = None
+        timeout = _longer(self.timeout, wait)
+        response = self._request("POST", "/api/worker/claim", json={"wait": wait} if wait > 0 else {},
+                                 expected=(200, 204), timeout=timeout)
         if response.status_code == 204:
+            self.retry_after = retry_after_seconds(response)
             return None
         body = self._json(response)
         if isinstance(body.get("check"), dict):  # a peer check: re-train another device's segment
@@ -197,11 +206,12 @@ class ApiClient:
         return self._json(response)
 
     def _request(self, method: str, path: str, *, auth: str = "device", expected: tuple[int, ...] = (200,),
-                 **kwargs: Any) -> requests.Response:
+                 timeout: float | tuple[float, float] | None = None, **kwargs: Any) -> requests.Response:
         url = self.server_url + path
         headers = self._headers(auth)
+        timeout = self.timeout if timeout is None else timeout
         response = self._retry(
-            lambda: self._session().request(method, url, headers=headers, timeout=self.timeout, **kwargs)
+            lambda: self._session().request(method, url, headers=headers, timeout=timeout, **kwargs)
         )
         if response.status_code not in expected:
             raise _error_from(response)
@@ -275,6 +285,15 @@ def _chunks(response: requests.Response, progress: DownloadProgress | None) -> I
         if progress is not None:
             progress(done, total)
         yield chunk
+
+
+def _longer(timeout: float | tuple[float, float], wait: float) -> float | tuple[float, float]:
+    """The read timeout of a claim held up to `wait` seconds: the usual one on top of the wait."""
+    if wait <= 0:
+        return timeout
+    if isinstance(timeout, tuple):
+        return (timeout[0], timeout[1] + wait)
+    return (timeout, timeout + wait)
 
 
 def _error_from(response: requests.Response) -> ApiError:

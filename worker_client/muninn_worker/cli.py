@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from muninn_worker import __version__
 from muninn_worker.config import (
+    CLAIM_WAIT,
     ENV_CACHE_DIR,
     ENV_SERVER,
     ENV_TOKEN,
@@ -129,7 +130,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
              cache_dir)
     try:
         run(client, cache_dir=cache_dir, max_units=args.max_units, exit_when_idle=args.exit_when_idle,
-            poll_interval=args.poll_interval, threads=args.threads,
+            poll_interval=args.poll_interval, threads=args.threads, claim_wait=args.claim_wait,
             numerics=args.numerics or os.environ.get("MUNINN_WORKER_NUMERICS") or "native")
     except DeviceRejected as exc:
         raise _Exit(str(exc), 1) from None
@@ -220,6 +221,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="exit 0 after this long without work (default: run forever)")
     run.add_argument("--poll-interval", type=_positive_seconds, default=1.0, metavar="S",
                      help="first wait after an empty claim; doubles up to 5 s (default 1)")
+    run.add_argument("--claim-wait", type=_seconds, default=CLAIM_WAIT, metavar="SECONDS",
+                     help=f"how long the site may hold an empty claim until work comes (a long poll; the site "
+                          f"allows up to 30); 0 polls with --poll-interval instead (default {CLAIM_WAIT:g})")
     run.add_argument("--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)")
     run.add_argument("--cache-dir", help=f"download cache (env {ENV_CACHE_DIR}; default ~/.cache/muninn-worker)")
     run.add_argument("--numerics", choices=("native", "f64"),

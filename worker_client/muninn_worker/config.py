@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 __all__ = [
+    "CLAIM_WAIT",
     "Config",
     "ConfigError",
     "ENV_SERVER",
@@ -31,6 +32,7 @@ ENV_SERVER = "MUNINN_SERVER"
 ENV_TOKEN = "MUNINN_TOKEN"  # the contributor's account token, for `register`
 ENV_CONFIG = "MUNINN_WORKER_CONFIG"
 ENV_CACHE_DIR = "MUNINN_CACHE_DIR"
+CLAIM_WAIT = 25.0  # seconds a site may hold an empty claim until a unit is queued (a long poll; it allows 30)
 
 
 class ConfigError(ValueError):

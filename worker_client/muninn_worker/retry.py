@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import requests
 
-__all__ = ["NETWORK_ERRORS", "call_with_retry", "is_retryable_status"]
+__all__ = ["NETWORK_ERRORS", "call_with_retry", "is_retryable_status", "retry_after_seconds"]
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ def call_with_retry(
             status = getattr(result, "status_code", None)
             if last or not isinstance(status, int) or not is_retryable_status(status):
                 return result
-            reason, retry_after = f"HTTP {status}", _retry_after_seconds(result)
+            reason, retry_after = f"HTTP {status}", retry_after_seconds(result)
         delay = _backoff(attempt, base_delay, max_delay, rng)
         if retry_after is not None:
             delay = min(max_delay, max(delay, retry_after))
@@ -80,7 +80,7 @@ def _backoff(attempt: int, base_delay: float, max_delay: float, rng: Callable[[]
     return rng() * min(max_delay, base_delay * (2**attempt))
 
 
-def _retry_after_seconds(response: object) -> float | None:
+def retry_after_seconds(response: object) -> float | None:
     headers = getattr(response, "headers", None) or {}
     value = headers.get("Retry-After") if hasattr(headers, "get") else None
     try:

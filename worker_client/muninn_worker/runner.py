@@ -25,6 +25,7 @@ from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import ContentCache
 from muninn_worker.challenge import (CheckpointStore, answer_open_challenges, run_peer_check,
                                     upload_challenged_checkpoints)
+from muninn_worker.config import CLAIM_WAIT
 from muninn_worker.failpoints import failpoint
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
@@ -37,6 +38,7 @@ __all__ = ["run", "RunStats", "DeviceRejected"]
 log = logging.getLogger("muninn_worker")
 
 MAX_IDLE_DELAY = 5.0
+_FAILED = object()  # _claim's answer when the claim itself failed (as opposed to "nothing to do")
 DEFAULT_CACHE_MAX_BYTES = 2 * 1024**3
 _BIG_BODY = 8 * 1024**2  # downloads at least this big get progress lines
 
@@ -71,8 +73,14 @@ def run(
     sleep: Callable[[float], Any] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     numerics: str = "native",
+    claim_wait: float = CLAIM_WAIT,
 ) -> RunStats:
     """Work until `max_units` units were handled or no work came for `exit_when_idle` seconds (None: forever).
+
+    An empty claim is held by the site up to `claim_wait` seconds (0: never) and answered the moment a unit is
+    queued, so an idle worker learns of new work at once instead of at its next poll. A site that answers an
+    empty claim early (an older site, or one holding all the claims it can: its Retry-After) gets the old
+    idle backoff: `poll_interval` doubling up to MAX_IDLE_DELAY, or the Retry-After when longer.
 
     `numerics` "f64" trains in float64 rounded to float32 after every step: another device's arithmetic, for
     testing verification on CPU-only machines (muninn_worker.training)."""
@@ -84,13 +92,18 @@ def run(
     idle = _IdleBackoff(poll_interval, max(poll_interval, MAX_IDLE_DELAY))
     idle_since = clock()
     while max_units is None or stats.units < max_units:
-        unit = _claim(client)
-        if unit is None:
+        wait = claim_wait if exit_when_idle is None else min(claim_wait, exit_when_idle - (clock() - idle_since))
+        asked = clock()
+        unit = _claim(client, max(0.0, wait))
+        if unit is None or unit is _FAILED:
             waited = clock() - idle_since
             if exit_when_idle is not None and waited >= exit_when_idle:
                 log.info("no work for %.0f s; exiting", waited)
                 break
-            delay = idle.next_delay()
+            if unit is None and wait > 0 and clock() - asked >= wait / 2:
+                continue  # the site held the claim for its wait: ask again at once
+            retry_after = (client.retry_after or 0.0) if unit is None else 0.0
+            delay = max(idle.next_delay(), retry_after)
             sleep(delay if exit_when_idle is None else min(delay, exit_when_idle - waited))
             continue
         idle.reset()
@@ -112,9 +125,10 @@ def run(
 # ------------------------------------------------------------------------------------------- steps
 
 
-def _claim(client: ApiClient) -> dict | None:
+def _claim(client: ApiClient, wait: float) -> dict | object | None:
+    """The claimed unit or check, None when the site has nothing for us, _FAILED when the claim failed."""
     try:
-        return client.claim()
+        return client.claim(wait)
     except NetworkError as exc:
         log.warning("%s; will try again", exc)
     except ApiError as exc:
@@ -123,7 +137,7 @@ def _claim(client: ApiClient) -> dict | None:
                 f"the server refuses this device ({exc.message}); run `muninn-worker register` again"
             ) from None
         log.warning("claim failed: %s", exc)
-    return None
+    return _FAILED
 
 
 def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: RunStats,

@@ -78,6 +78,11 @@ class FakeSite:
     requests: list[tuple[str, str]] = field(default_factory=list)
     heartbeats: int = 0
     claim_statuses: list[int] = field(default_factory=list)  # forced statuses for the next claims
+    claim_waits: list[float] = field(default_factory=list)  # the "wait" of every claim (0 when none was sent)
+    holds_claims: bool = False  # True: an empty claim is held for its wait until a unit is added (a long poll)
+    held: int = 0  # claims being held now
+    retry_after: str | None = None  # sent with every empty claim's 204
+    changed: threading.Condition = field(default_factory=threading.Condition)
     heartbeat_status: int = 200
     result_status: int = 201
     # What the site says an accepted unit earned (contributors.api.credited_payload); {} as an older site would.
@@ -96,8 +101,10 @@ class FakeSite:
             samples=samples, lease_seconds=lease_seconds,
             train={"epochs": epochs, "batch_size": 32, "lr": 0.05, "momentum": 0.9, "seed": seed},
         )
-        self.queue.append(unit)
-        self.units[unit_id] = unit
+        with self.changed:
+            self.queue.append(unit)
+            self.units[unit_id] = unit
+            self.changed.notify_all()
         return unit
 
     def gets(self, suffix: str) -> int:
@@ -126,7 +133,7 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
             if self.headers.get("Authorization") != f"Device {site.device_token}":
                 return self._error(401, "not_authenticated", "Invalid device token.")
             if parts[:3] == ["api", "worker", "claim"] and method == "POST":
-                return self._claim()
+                return self._claim(json.loads(body or b"{}").get("wait", 0))
             if len(parts) == 5 and parts[2] == "units":
                 unit = site.units.get(int(parts[3]))
                 if unit is None:
@@ -148,13 +155,21 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
                 return self._error(400, "invalid", "Capabilities are incomplete.")
             self._json(201, {"device_id": 7, "device_token": site.device_token, "name": payload["name"]})
 
-        def _claim(self) -> None:
+        def _claim(self, wait: float) -> None:
+            site.claim_waits.append(wait)
             if site.claim_statuses:
                 status = site.claim_statuses.pop(0)
                 return self._error(status, "forced", f"Forced status {status}.")
-            if not site.queue:
+            with site.changed:
+                if not site.queue and site.holds_claims and wait > 0:
+                    site.held += 1
+                    site.changed.notify_all()
+                    site.changed.wait_for(lambda: site.queue, timeout=wait)
+                    site.held -= 1
+                unit = site.queue.pop(0) if site.queue else None
+            if unit is None:
                 return self._send(204, b"", "application/json")
-            self._json(200, site.queue.pop(0).claim_body())
+            self._json(200, unit.claim_body())
 
         def _download(self, unit: FakeUnit, kind: str) -> None:
             time.sleep(site.download_delay)
@@ -190,6 +205,8 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, data: bytes, content_type: str) -> None:
             self.send_response(status)
+            if status == 204 and site.retry_after is not None:
+                self.send_header("Retry-After", site.retry_after)
             if status != 204:
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))

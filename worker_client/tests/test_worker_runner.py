@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import logging
 import math
+import threading
 from datetime import datetime
 
 import pytest
@@ -192,9 +193,57 @@ def test_idle_worker_backs_off_and_exits_when_idle(fake_site, tmp_path):
     stats = run(client, cache_dir=tmp_path, exit_when_idle=20, poll_interval=1.0, sleep=sleep, clock=lambda: now[0])
 
     assert stats.units == 0
+    assert fake_site.claim_waits[0] == 20  # it asked the site to hold the claim; this one (an older site) did not
     assert 0.8 <= sleeps[0] <= 1.2 and 1.6 <= sleeps[1] <= 2.4
     assert max(sleeps) <= 6.0  # capped at ~5 s plus jitter
     assert now[0] == pytest.approx(20)
+
+
+def test_an_idle_worker_waits_in_a_held_claim_and_gets_the_unit_the_moment_it_is_queued(fake_site, tmp_path):
+    fake_site.holds_claims = True
+    client = ApiClient(fake_site.url, device_token=fake_site.device_token, attempts=1, signing_key=SIGNING_KEY)
+    sleeps: list[float] = []
+    done: dict = {}
+    worker = threading.Thread(target=lambda: done.update(stats=run(
+        client, cache_dir=tmp_path, max_units=1, claim_wait=20, sleep=sleeps.append)))
+    worker.start()
+    with fake_site.changed:  # the worker's claim is being held: nothing is queued yet
+        assert fake_site.changed.wait_for(lambda: fake_site.held == 1, timeout=30)
+
+    fake_site.add_unit()
+    worker.join(timeout=60)
+
+    assert not worker.is_alive() and done["stats"].accepted == 1
+    assert fake_site.claim_waits == [20]  # one claim, held until the unit came
+    assert sleeps == []  # no idle backoff
+
+
+def test_a_site_that_turns_a_claim_away_with_retry_after_is_asked_again_after_it(fake_site, tmp_path):
+    fake_site.retry_after = "3"
+    client = ApiClient(fake_site.url, device_token=fake_site.device_token, attempts=1)
+    now = [0.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    run(client, cache_dir=tmp_path, exit_when_idle=10, poll_interval=1.0, sleep=sleep, clock=lambda: now[0])
+
+    assert fake_site.claim_waits[0] == 10  # the wait asked for, cut to the time left before exiting when idle
+    assert sleeps[0] >= 3  # the Retry-After, above the first idle backoff of ~1 s
+
+
+def test_claim_wait_0_polls_as_before(fake_site, tmp_path):
+    client = ApiClient(fake_site.url, device_token=fake_site.device_token, attempts=1)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    run(client, cache_dir=tmp_path, exit_when_idle=5, claim_wait=0, sleep=sleep, clock=lambda: now[0])
+
+    assert fake_site.claim_waits and set(fake_site.claim_waits) == {0}
 
 
 def test_revoked_device_token_stops_the_worker(fake_site, tmp_path):

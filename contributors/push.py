@@ -1,0 +1,80 @@
+"""Long-poll claims: work is pushed to a waiting device, not polled for.
+
+A claim with a wait is held until a unit the device can run is queued, then answered with it at once; 204
+when the wait runs out. The wake-up comes from jobs/wakeups.py (Redis pub/sub, or a stamp file on one
+machine); the claim itself is always services.unit_claim, run again after each wake-up and every
+MUNINN_CLAIM_RECHECK_SECONDS.
+
+A held claim holds a web thread, so each process holds at most MUNINN_CLAIM_WAITERS at a time: a claim
+beyond that is answered 204 at once with a Retry-After (WaitersFull), and the device asks again later.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from django.conf import settings
+
+from jobs import wakeups
+
+from . import services
+from .models import Device
+
+RETRY_AFTER_S = 2  # what a device turned away for lack of room is told to wait
+
+
+class WaitersFull(Exception):
+    """This process already holds MUNINN_CLAIM_WAITERS claims."""
+
+    retry_after = RETRY_AFTER_S
+
+
+class _Slots:
+    """A counter of held claims, per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.held = 0
+
+    def take(self, limit: int) -> bool:
+        with self._lock:
+            if self.held >= limit:
+                return False
+            self.held += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
+waiting = _Slots()
+
+
+def unit_claim_wait(*, device: Device, wait: float) -> services.Claim | None:
+    """services.unit_claim, held up to `wait` seconds (at most MUNINN_CLAIM_WAIT_MAX) until it finds something.
+    `wait` 0: one claim, answered at once. Raises WaitersFull when this process holds too many claims already."""
+    token = wakeups.mark() if wait > 0 else None  # before the claim: a unit queued meanwhile still wakes us
+    claim = services.unit_claim(device=device)
+    if claim is not None or wait <= 0 or wakeups.stopping():
+        return claim
+    if not waiting.take(settings.MUNINN_CLAIM_WAITERS):
+        raise WaitersFull(f"This server holds {settings.MUNINN_CLAIM_WAITERS} waiting claims already.")
+    try:
+        return _wait(device, min(wait, settings.MUNINN_CLAIM_WAIT_MAX), token)
+    finally:
+        waiting.give()
+
+
+def _wait(device: Device, wait: float, token: object) -> services.Claim | None:
+    deadline = time.monotonic() + wait
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or wakeups.stopping():
+            return None
+        token = wakeups.wait(token, min(left, settings.MUNINN_CLAIM_RECHECK_SECONDS))
+        if wakeups.stopping():
+            return None
+        claim = services.unit_claim(device=device)
+        if claim is not None:
+            return claim
