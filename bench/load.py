@@ -16,10 +16,11 @@ Results are cheap but real: the global weights (downloaded once per job, cached 
 does) plus a small random change, so every check of the site runs on them (signature, hashes, safetensors,
 shapes, update norm, timing, the loss on 64 samples of the shard). The devices are made veterans (a long
 streak of verified results, written straight to their rows), as most devices of a running market are: their
-results are re-executed at the 5 % floor and the rest credited at once through the ledger. New devices
-(`--new-devices`) are always re-executed instead: their results only queue a validation task.
-Re-executions and aggregations are queued on a filesystem broker in the run's temporary folder (`--broker`
-to use another) and not run: they are Celery's work, not the web's.
+results are re-executed at the 5 % floor and the rest accepted at once, their charges owed to the credit task.
+New devices (`--new-devices`) are always re-executed instead: their results only queue a validation task.
+Re-executions, aggregations and credits are queued on a filesystem broker in the run's temporary folder
+(`--broker` to use another) and not run: they are Celery's work, not the web's. The charges owed are posted
+afterwards, here, as the credit task does, and its CPU per result is reported.
 
 Double leases are counted twice: on the client (a unit whose claim was answered to a second device before
 the first one sent the result the site then accepted) and in the database afterwards (a unit's Lease rows
@@ -98,8 +99,9 @@ def main() -> int:
         stack.stop("web")
         web_log = stack.log("web")
     db_doubles = _database_double_leases()
+    credit = _credit_owed()
     plans = {} if options.skip_planning else plan_timings(options)
-    _report(options, world, phases, db_doubles, plans, web_log)
+    _report(options, world, phases, db_doubles, plans, web_log, credit)
     shutil.rmtree(tmp, ignore_errors=True)  # blobs, broker messages, logs (the web log's tracebacks were shown)
     return 0
 
@@ -296,6 +298,23 @@ def _cpu_seconds(web_pid: int, database_url: str) -> dict[tuple[str, int], float
     return used
 
 
+# --- The charges owed, posted as the credit task does -----------------------------------------------
+
+def _credit_owed() -> dict:
+    """Accepted results are charged off the request, by the credit task (contributors.credit), which this bench's
+    site does not run: post what the phases left owed here, in its batches, and count its CPU per result (the
+    Celery worker's share of a result, on top of the web's)."""
+    from contributors import credit
+    from contributors.models import Receipt
+
+    owed = Receipt.objects.filter(credit_pending=True).count()
+    start = time.process_time()
+    while credit.credit_pending():
+        pass
+    spent = time.process_time() - start
+    return {"results": owed, "cpu_ms_per_result": round(spent / owed * 1e3, 2) if owed else None}
+
+
 # --- Double leases seen by the database -----------------------------------------------------------
 
 def _database_double_leases() -> dict:
@@ -347,7 +366,8 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str) -> None:
+def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str,
+            credit: dict) -> None:
     load = os.getloadavg()
     print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
           f"{world.units:,} queued units, set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
@@ -386,6 +406,8 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
             print(f"  error: {message}")
     print(f"\ndatabase: {db['leases']:,} leases, {db['units_leased_again']} units leased more than once, "
           f"{db['double_leases']} with overlapping leases; receipts {db['receipts']}")
+    print(f"credit task (run here afterwards): {credit['results']:,} results charged, {credit['cpu_ms_per_result']} ms "
+          "of CPU each")
     if "Traceback" in web_log:
         print("the web log has tracebacks: " + web_log[web_log.index("Traceback"):][:600])
     if plans:
@@ -403,6 +425,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         "saturated_results_per_s": figures["saturated"]["results_per_s"],
         "cpu_ms_per_op": figures["saturated"]["cpu_ms_per_op"],
         "cpu_bound_ops_per_s": figures["saturated"]["cpu_bound_ops_per_s"],
+        "credit_cpu_ms_per_result": credit["cpu_ms_per_result"],
         "conflicts": sum(f["conflicts"] for f in figures.values()),
         "client_double_leases": client_doubles, "db_double_leases": db["double_leases"],
         **{f"plan_ms_{size}": round(t["round_open_ms"], 1) for size, t in plans.items()},
