@@ -309,8 +309,13 @@ def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, 
     X, y = jobs.load_xy(unit.shard_sha256)
     X, y = X[:LOSS_CHECK_SAMPLES], y[:LOSS_CHECK_SAMPLES]
     job = unit.round.job
-    before = training.evaluate(jobs.job_model(job, reference), X, y)["loss"]
-    return before, training.evaluate(jobs.job_model(job, state), X, y)["loss"]
+    model = jobs.job_model(job, reference)
+    before = training.evaluate(model, X, y)["loss"]
+    if job.base_weights_id is None:  # the same model with the new weights (a LoRA job's base goes on after them)
+        model.load_state_dict(state)
+    else:
+        model = jobs.job_model(job, state)
+    return before, training.evaluate(model, X, y)["loss"]
 
 
 def _jsonable(receipt: dict) -> dict:
