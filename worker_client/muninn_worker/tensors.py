@@ -14,8 +14,6 @@ import struct
 import torch
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
-from collections.abc import Sequence
-
 from torch import Tensor
 
 __all__ = [
@@ -24,7 +22,6 @@ __all__ = [
     "state_dict_to_bytes",
     "bytes_to_state_dict",
     "shard_to_bytes",
-    "shards_to_bytes",
     "bytes_to_shard",
     "sha256_hex",
 ]
@@ -69,38 +66,6 @@ def shard_to_bytes(X: Tensor, y: Tensor) -> bytes:
     - text: X int64 [samples, context] token ids and y int64 [samples, context], the next token of each.
     """
     return state_dict_to_bytes({"X": _wire(X), "y": _wire(y)})
-
-
-def shards_to_bytes(X: Tensor, y: Tensor, bounds: Sequence[tuple[int, int]]) -> list[bytes]:
-    """`shard_to_bytes(X[start:stop], y[start:stop])` for each (start, stop) of `bounds`, byte for byte, at a
-    small part of the cost: a round cut into 10,000 shards would spend most of its opening in safetensors'
-    per-call overhead. The tensors' order and dtype names are taken from safetensors itself (one one-row
-    shard); the header of each shard is then written here, and its data is a slice of each tensor's bytes."""
-    tensors = {"X": _wire(X).contiguous(), "y": _wire(y).contiguous()}
-    if not bounds:
-        return []
-    probe = shard_to_bytes(tensors["X"][:1], tensors["y"][:1])
-    (probe_len,) = struct.unpack("<Q", probe[:8])
-    layout = json.loads(probe[8 : 8 + probe_len])  # in safetensors' order: data follows the header in it
-    if "__metadata__" in layout or set(layout) != {"X", "y"}:
-        return [shard_to_bytes(X[start:stop], y[start:stop]) for start, stop in bounds]
-    names = list(layout)
-    data = {name: memoryview(tensors[name].numpy()).cast("B") for name in names}
-    row_bytes = {name: len(data[name]) // len(tensors[name]) if len(tensors[name]) else 0 for name in names}
-    tails = {name: "".join(f",{n}" for n in tensors[name].shape[1:]) for name in names}
-    out = []
-    for start, stop in bounds:
-        rows, offset, entries, chunks = stop - start, 0, [], []
-        for name in names:
-            size = rows * row_bytes[name]
-            entries.append(f'"{name}":{{"dtype":"{layout[name]["dtype"]}","shape":[{rows}{tails[name]}],'
-                           f'"data_offsets":[{offset},{offset + size}]}}')
-            chunks.append(data[name][start * row_bytes[name] : stop * row_bytes[name]])
-            offset += size
-        header = ("{" + ",".join(entries) + "}").encode()
-        header += b" " * (-len(header) % 8)
-        out.append(b"".join([struct.pack("<Q", len(header)), header, *chunks]))
-    return out
 
 
 def _wire(tensor: Tensor) -> Tensor:

@@ -16,7 +16,6 @@ from muninn_worker.tensors import (
     bytes_to_state_dict,
     sha256_hex,
     shard_to_bytes,
-    shards_to_bytes,
     state_dict_to_bytes,
 )
 from muninn_worker.zoo import init_state
@@ -86,21 +85,6 @@ def test_shard_roundtrip_and_validation():
         bytes_to_shard(state_dict_to_bytes({"X": X, "y": y[:5]}))
     with pytest.raises(BadShard, match="exactly"):
         bytes_to_shard(state_dict_to_bytes({"X": X}))
-
-
-@pytest.mark.parametrize("X, y", [
-    (torch.randn(40, 5), torch.arange(40) % 3),  # a table
-    (torch.randn(40, 3, 4, 4), torch.arange(40) % 10),  # images
-    (torch.randn(40, 2, dtype=torch.float64), torch.randn(40)),  # regression, sent as float32
-    (torch.randint(0, 50, (40, 8)), torch.randint(0, 50, (40, 8))),  # text windows and their next tokens
-    (torch.randn(40, 5), (torch.arange(40) % 3).to(torch.int32)),  # labels sent as int64
-], ids=["table", "images", "regression", "text", "int32-labels"])
-def test_many_shards_at_once_are_the_same_bytes_as_one_at_a_time(X, y):
-    bounds = [(0, 1), (1, 9), (9, 33), (33, 40), (0, 40), (5, 6)]
-
-    shards = shards_to_bytes(X, y, bounds)
-
-    assert shards == [shard_to_bytes(X[start:stop], y[start:stop]) for start, stop in bounds]
 
 
 def test_sha256_hex_matches_hashlib():
