@@ -146,6 +146,14 @@ class Round(models.Model):
     # units are re-issued to free devices; past `close_at` the round closes with the verified updates it has.
     deadline_at = models.DateTimeField()
     close_at = models.DateTimeField(null=True, blank=True)
+    # What the deadlines need of the plan and the arrivals, kept up to date by each arrival in constant time
+    # (jobs/deadlines.py: Plan, Arrivals): the plan's slowest unit in seconds and whether every unit has a plan;
+    # how many results arrived, the latest (seconds after opening) and their paces, a histogram {bucket: count}.
+    plan_seconds = models.FloatField(default=0.0)
+    plan_complete = models.BooleanField(default=False)
+    arrivals = models.PositiveIntegerField(default=0)
+    latest_arrival_seconds = models.FloatField(default=0.0)
+    arrival_paces = models.JSONField(default=dict, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
     opened_at = models.DateTimeField(default=timezone.now)  # deadlines count from here
     closed_at = models.DateTimeField(null=True, blank=True)

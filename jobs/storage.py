@@ -4,13 +4,15 @@ The path is the sha256 of the bytes, so a blob is written once, can be cached an
 task that runs twice writes the same file.
 """
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
+from django.core.files.storage import FileSystemStorage, default_storage
+from django.utils._os import safe_makedirs
 
 
 def sha256_hex(data: bytes) -> str:
@@ -32,9 +34,13 @@ def blob_put(data: bytes) -> str:
 def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
     """Store many blobs at once (a round's shards); their hashes in order. The writes overlap in threads:
     each is mostly waiting on the file system (or an object store's round trip). Identical blobs are
-    written once, so no two threads ever race for one path."""
+    written once, so no two threads ever race for one path. On the local file system the files are written
+    straight (see _files_put): Django's storage API costs ~150 µs a file, most of a 10,000-shard round."""
     shas = [sha256_hex(data) for data in blobs]
     unique = dict(zip(shas, blobs))
+    if isinstance(default_storage, FileSystemStorage):
+        _files_put(default_storage, unique, threads=threads)
+        return shas
     if len(unique) <= 1 or threads <= 1:
         for data in unique.values():
             blob_put(data)
@@ -42,6 +48,50 @@ def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
     with ThreadPoolExecutor(max_workers=min(threads, len(unique))) as pool:
         list(pool.map(blob_put, unique.values()))
     return shas
+
+
+def _files_put(store: FileSystemStorage, blobs: dict[str, bytes], *, threads: int) -> None:
+    """What FileSystemStorage.save does for a new content-addressed file (its folders, modes and group, a
+    file created exclusively, so a blob already there is left as it is), without its per-file overhead. Each
+    thread writes a contiguous share of the blobs; the os calls release the GIL."""
+    root = store.location
+    for prefix in {sha[:2] for sha in blobs}:
+        folder = os.path.join(root, "blobs", prefix)
+        if store.directory_permissions_mode is None:
+            os.makedirs(folder, exist_ok=True)
+        else:
+            safe_makedirs(folder, store.directory_permissions_mode, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    mode = store.file_permissions_mode
+    group = os.stat(root).st_gid if os.name == "posix" else None
+
+    def write(items: list[tuple[str, bytes]]) -> None:
+        for sha, data in items:
+            try:
+                fd = os.open(os.path.join(root, blob_path(sha)), flags, 0o666)
+            except FileExistsError:
+                continue
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                if mode is not None:
+                    os.fchmod(fd, mode)
+                if group is not None and os.fstat(fd).st_gid != group:
+                    try:
+                        os.fchown(fd, -1, group)
+                    except PermissionError:
+                        pass
+            finally:
+                os.close(fd)
+
+    items = list(blobs.items())
+    if len(items) < 64 or threads <= 1:
+        write(items)
+        return
+    share = -(-len(items) // threads)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(write, [items[i:i + share] for i in range(0, len(items), share)]))
 
 
 def blob_get(sha256: str) -> bytes:

@@ -1,10 +1,16 @@
 """Opening a round for many devices: one unit and one shard blob per device, exactly the planned rows."""
+import io
+from datetime import timedelta
+
+import numpy as np
+import pytest
 import torch
 
+from jobs import deadlines, shards, storage
 from jobs import services as jobs
-from jobs import storage
 from jobs.models import Job, WorkUnit
 from jobs.sharding import plan_shards
+from muninn_worker.tensors import shard_to_bytes
 
 from .conftest import digits_npz
 
@@ -36,6 +42,49 @@ def test_round_open_gives_each_device_its_planned_shard_as_a_unit_with_its_own_b
     assert all(u.status == WorkUnit.Status.QUEUED and u.reserved_until is not None for u in units)
 
 
+def test_round_open_for_thousands_of_devices_plans_every_unit_its_shard_reservation_and_deadline(customer, settings):
+    rng = np.random.default_rng(5)
+    buf = io.BytesIO()
+    np.savez(buf, X=rng.normal(size=(12_000, 6)).astype(np.float32), y=rng.integers(0, 4, 12_000))
+    dataset = jobs.dataset_create(owner=customer, filename="many.npz", data=buf.getvalue())
+    job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams={"batch_size": 1}, rounds=1,
+                          seed=4)
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING)
+    devices = [(50_000 + i, float(rng.uniform(1e6, 4e6))) for i in range(3000)]  # FLOP/s, unequal
+
+    rnd = jobs.round_open(job_id=job.pk, devices=devices)
+
+    job.refresh_from_db()
+    units = list(rnd.units.order_by("index"))
+    planned = plan_shards(job.n_train, [speed for _, speed in devices], min_shard=1)
+    assert len(units) == len(planned) == 3000
+    assert [(u.index, u.shard_start, u.shard_stop, u.preferred_device_id) for u in units] == [
+        (i, s.start, s.stop, devices[s.device][0]) for i, s in enumerate(planned)]
+    assert units[0].shard_start == 0 and units[-1].shard_stop == job.n_train
+    assert all(a.shard_stop == b.shard_start for a, b in zip(units, units[1:]))  # every sample, once
+    speed = dict(devices)
+    for unit in units:
+        assert unit.status == WorkUnit.Status.QUEUED and unit.backup_of_id is None and unit.attempts == 0
+        assert unit.reserved_until == rnd.opened_at + timedelta(seconds=settings.MUNINN_RESERVATION_SECONDS)
+        assert unit.min_memory_bytes == job.peak_memory_bytes and unit.result_metrics == {}
+        assert unit.flops == jobs.unit_flops(job, unit.samples)
+        assert unit.expected_seconds == pytest.approx(unit.flops / speed[unit.preferred_device_id])
+    assert len({u.shard_sha256 for u in units}) == 3000 and len({u.seed for u in units}) == 3000
+    X, y = jobs.load_xy(job.train_sha256)
+    for unit in units[::97]:
+        shard_X, shard_y = jobs.load_xy(unit.shard_sha256)
+        assert torch.equal(shard_X, X[unit.shard_start:unit.shard_stop])
+        assert torch.equal(shard_y, y[unit.shard_start:unit.shard_stop])
+    slowest = max(u.expected_seconds for u in units)
+    assert rnd.plan_seconds == pytest.approx(slowest) and rnd.plan_complete and rnd.arrivals == 0
+    soft = deadlines.round_deadlines(outstanding=[u.expected_seconds for u in units], arrivals=[],
+                                     grace=settings.MUNINN_ROUND_GRACE_SECONDS,
+                                     floor=settings.MUNINN_ROUND_DEADLINE_MIN_SECONDS,
+                                     ceiling=settings.MUNINN_ROUND_DEADLINE_SECONDS).soft
+    assert (rnd.deadline_at - rnd.opened_at).total_seconds() == pytest.approx(soft, abs=1e-5)
+    assert job.current_round == 1
+
+
 def test_round_open_twice_returns_the_open_round_and_writes_nothing_more(customer):
     job = _running_job(customer, batch_size=1)
     devices = [(1, 10.0), (2, 30.0)]
@@ -55,3 +104,18 @@ def test_blobs_put_returns_hashes_in_order_and_stores_identical_blobs_once(setti
     assert shas == [storage.sha256_hex(b) for b in blobs]
     assert [storage.blob_get(sha) for sha in shas] == blobs
     assert sorted(p.name for p in (tmp_path / "media" / "blobs").rglob("*") if p.is_file()) == sorted(set(shas))
+
+
+@pytest.mark.parametrize("X, y", [
+    (torch.randn(40, 5), torch.arange(40) % 3),  # a table
+    (torch.randn(40, 3, 4, 4), torch.arange(40) % 10),  # images
+    (torch.randn(40, 2, dtype=torch.float64), torch.randn(40)),  # regression, sent as float32
+    (torch.randint(0, 50, (40, 8)), torch.randint(0, 50, (40, 8))),  # text windows and their next tokens
+    (torch.randn(40, 5), (torch.arange(40) % 3).to(torch.int32)),  # labels sent as int64
+], ids=["table", "images", "regression", "text", "int32-labels"])
+def test_many_shards_cut_at_once_are_the_bytes_the_protocol_sends_one_at_a_time(X, y):
+    bounds = [(0, 1), (1, 9), (9, 33), (33, 40), (0, 40), (5, 6)]
+
+    cut = shards.shards_to_bytes(X, y, bounds)
+
+    assert cut == [shard_to_bytes(X[start:stop], y[start:stop]) for start, stop in bounds]

@@ -6,12 +6,14 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
 
 from billing import selectors as ledger
 from billing.models import Transaction
 from contributors.models import Device, Receipt
 from jobs import services as jobs
-from jobs.deadlines import Arrival, expected_seconds, round_deadlines
+from jobs.deadlines import PACE_ERROR, Arrival, Arrivals, expected_seconds, round_deadlines
 from jobs.models import Job, Round, WorkUnit
 
 from .test_spine import assert_ledger_consistent, create_job
@@ -36,7 +38,7 @@ def test_without_a_plan_the_deadline_is_the_ceiling():
 def test_arrivals_set_the_pace_of_the_outstanding_units():
     # The plan said 10 s; the first result took 40 s: the devices are 4× slower than their probes said.
     slow = round_deadlines(outstanding=[10.0], arrivals=[Arrival(40.0, 10.0)], **LIMITS)
-    assert slow.soft == pytest.approx(40.0 * 1.5 + 5)
+    assert slow.soft == pytest.approx(40.0 * 1.5 + 5, rel=PACE_ERROR)
     # The plan said 100 s; the first result took 20 s: the deadline comes in, well before the plan's.
     fast = round_deadlines(outstanding=[100.0], arrivals=[Arrival(20.0, 100.0)], **LIMITS)
     assert fast.soft == pytest.approx(20.0 * 1.5 + 5)
@@ -48,7 +50,43 @@ def test_the_pace_is_the_median_so_one_odd_arrival_does_not_move_it():
     assert round_deadlines(outstanding=[10.0], arrivals=arrivals, **LIMITS).soft == pytest.approx(90 * 1.5 + 5)
     # ...the latest arrival still bounds it below: the round is at least that slow. Without it:
     arrivals = [Arrival(10.0, 10.0), Arrival(11.0, 10.0), Arrival(12.0, 10.0)]
-    assert round_deadlines(outstanding=[20.0], arrivals=arrivals, **LIMITS).soft == pytest.approx(20 * 1.1 * 1.5 + 5)
+    assert round_deadlines(outstanding=[20.0], arrivals=arrivals, **LIMITS).soft == pytest.approx(
+        20 * 1.1 * 1.5 + 5, rel=PACE_ERROR)
+
+
+def test_the_slowest_planned_unit_sets_the_prediction_even_once_it_has_arrived():
+    # Units planned at 10 s and 40 s; the 40 s one came in first, on plan: the round still expects 40 s.
+    arrivals = [Arrival(40.0, 40.0)]
+    assert round_deadlines(outstanding=[10.0], arrivals=arrivals, **LIMITS).soft == pytest.approx(
+        40 * 1.5 + 5, rel=PACE_ERROR)
+
+
+@given(st.lists(st.tuples(st.floats(0.0, 1e5), st.sampled_from([0.0, 0.5, 3.0, 120.0])), max_size=40),
+       st.randoms(use_true_random=False))
+def test_arrivals_kept_one_at_a_time_in_any_order_are_the_same_statistic(pairs, rng):
+    arrivals = [Arrival(elapsed, expected) for elapsed, expected in pairs]
+    shuffled = arrivals[:]
+    rng.shuffle(shuffled)
+
+    kept = Arrivals()
+    for arrival in shuffled:
+        kept = kept.add(arrival)
+
+    assert kept.count == len(arrivals)
+    assert kept.latest == max((a.elapsed for a in arrivals), default=0.0)
+    assert sum(kept.paces.values()) == sum(a.expected > 0 for a in arrivals)
+    assert round_deadlines(outstanding=[7.0], arrivals=shuffled, **LIMITS) == round_deadlines(
+        outstanding=[7.0], arrivals=arrivals, **LIMITS)
+
+
+@given(st.lists(st.floats(1e-3, 1e3), min_size=1, max_size=60))
+def test_the_kept_median_pace_is_the_exact_median_to_within_its_bucket(paces):
+    kept = Arrivals()
+    for pace in paces:
+        kept = kept.add(Arrival(pace * 10.0, 10.0))
+
+    exact = sorted(paces)[(len(paces) - 1) // 2]  # the lower middle one of an even count
+    assert kept.median_pace() == pytest.approx(exact, rel=PACE_ERROR * 1.0001)
 
 
 def test_deadlines_stay_within_floor_and_ceiling():
