@@ -5,4 +5,4 @@ class ContributorsConfig(AppConfig):
     name = "contributors"
 
     def ready(self) -> None:
-        from . import receivers  # noqa: F401  (connects to jobs' signals)
+        from . import receivers, tasks  # noqa: F401  (connect to jobs' and contributors' signals)

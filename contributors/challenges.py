@@ -20,6 +20,7 @@ from muninn.errors import InvalidInput, NotFound
 
 from . import checks, services
 from .models import Device, Receipt
+from .signals import reexecution_due
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,8 @@ def checkpoint_submit(*, device: Device, unit_id: int, boundary: int, data: byte
             return locked
         locked.checkpoint_blobs = {**locked.checkpoint_blobs, str(boundary): sha}
         locked.save(update_fields=["checkpoint_blobs"])
-        if not missing_boundaries(locked):
-            from .tasks import verify_unit
-
-            transaction.on_commit(lambda: verify_unit.delay(unit_id))
+        if not missing_boundaries(locked):  # every checkpoint is in: the validator checks the segments now
+            reexecution_due.send(sender=Receipt, unit_id=unit_id)
     return locked
 
 

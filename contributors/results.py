@@ -10,10 +10,10 @@ from django.db import transaction
 from django.utils import timezone
 from muninn_worker import segments, tensors, training, zoo
 
-from billing import services as billing
 from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
+from jobs.signals import round_complete
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 from muninn.failpoints import failpoint
 
@@ -21,6 +21,7 @@ from . import checks, reputation, selectors, services
 from .authentication import touch
 from .checks import Expected, ResultRejected
 from .models import Device, DeviceEvent, Lease, Receipt
+from .signals import credit_due, reexecution_due
 
 log = logging.getLogger(__name__)
 LOSS_CHECK_SAMPLES = 64
@@ -167,9 +168,7 @@ def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, sign
                                 if challenged else None),
         )
         if verify and not challenged:  # a diverged result: the validator re-trains the unit whole, at once
-            from .tasks import verify_unit
-
-            transaction.on_commit(lambda: verify_unit.delay(unit.pk))
+            reexecution_due.send(sender=Receipt, unit_id=unit.pk)
         elif not verify:  # charged off the request, in a batch per job (contributors.credit)
             credit_on_commit(unit.round.job_id)
         if round_complete:
@@ -179,15 +178,11 @@ def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, sign
 
 
 def credit_on_commit(job_id: int) -> None:
-    from .tasks import credit_results
-
-    transaction.on_commit(lambda: credit_results.delay(job_id))
+    credit_due.send(sender=Receipt, job_id=job_id)
 
 
 def aggregate_on_commit(round_id: int) -> None:
-    from jobs.tasks import aggregate_round
-
-    transaction.on_commit(lambda: aggregate_round.delay(round_id))
+    round_complete.send(sender=Receipt, round_id=round_id)
 
 
 def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, output_sha: str, reference_bytes: bytes,

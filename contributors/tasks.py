@@ -2,10 +2,23 @@
 boundary, so that checking work never waits behind round tasks. Beat's wait-limit check lives here too: it
 tells jobs/ which devices could run each job, which jobs/ cannot ask itself."""
 from celery import shared_task
+from django.db import transaction
+from django.dispatch import receiver
 
 from jobs import services as jobs
 
 from . import challenges, credit, peers, selectors, verification
+from .signals import credit_due, reexecution_due
+
+
+@receiver(reexecution_due, dispatch_uid="contributors.verify_on_commit")
+def _verify_on_commit(sender, unit_id: int, **kwargs) -> None:
+    transaction.on_commit(lambda: verify_unit.delay(unit_id))
+
+
+@receiver(credit_due, dispatch_uid="contributors.credit_on_commit")
+def _credit_on_commit(sender, job_id: int, **kwargs) -> None:
+    transaction.on_commit(lambda: credit_results.delay(job_id))
 
 
 @shared_task(name="contributors.tasks.verify_unit")

@@ -1,14 +1,18 @@
 """Celery tasks for the life of a round. Each takes ids, calls one service, and is safe to run twice.
 
 This is the task layer, where apps are wired together: it asks contributors/ which devices are online
-(jobs' services never import contributors/ or billing/).
+(jobs' services never import contributors/ or billing/), and it listens to jobs.signals to enqueue what a
+service's change calls for (services never import tasks).
 """
 import logging
 
 from celery import shared_task
+from django.db import transaction
+from django.dispatch import receiver
 
 from . import services, wakeups
 from .models import Job, Round
+from .signals import job_started, round_complete
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,18 @@ def open_round(job_id: int) -> int | None:
     if rnd is not None:
         wakeups.units_queued_on_commit()  # devices waiting on a claim get its units the moment they are in
     return rnd.pk if rnd else None
+
+
+@receiver(job_started, dispatch_uid="jobs.open_first_round")
+def _open_first_round(sender, job, **kwargs) -> None:
+    """A job started: its first round opens once the start commits (the hold placed with it)."""
+    transaction.on_commit(lambda: open_round.delay(job.pk))
+
+
+@receiver(round_complete, dispatch_uid="jobs.aggregate_on_commit")
+def _aggregate_on_commit(sender, round_id: int, **kwargs) -> None:
+    """Every unit of a round is done: it is aggregated (and the next round opened) once that commits."""
+    transaction.on_commit(lambda: aggregate_round.delay(round_id))
 
 
 @shared_task(name="jobs.tasks.aggregate_round")

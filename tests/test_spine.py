@@ -8,6 +8,7 @@ from billing import selectors as ledger
 from billing.models import Transaction
 from contributors.models import Receipt
 from jobs import services as jobs
+from jobs import storage
 from jobs.models import Job, Round, WorkUnit
 
 from . import invariants
@@ -63,7 +64,7 @@ def test_job_trains_to_a_better_model_and_credits_contributors(customer_api, dig
     from muninn_worker import tensors
 
     assert set(tensors.bytes_to_state_dict(b"".join(model.streaming_content))) == set(
-        tensors.bytes_to_state_dict(jobs.storage.blob_get(rounds[0].weights_sha256)))
+        tensors.bytes_to_state_dict(storage.blob_get(rounds[0].weights_sha256)))
 
 
 def test_round_completes_with_one_device(customer_api, digits_dataset, make_device):

@@ -1,0 +1,62 @@
+"""Writes on datasets, jobs, rounds and work units. Views and tasks are thin doors into these; these never call
+tasks (the task layer listens to jobs.signals instead).
+
+One file per concept, and everything importable from here (`from jobs import services as jobs`):
+
+- datasets.py: an upload checked, profiled and stored; a job's splits read back
+- jobs.py: a job's life (planned, created, started, ended) and its maths (a unit's FLOPs, its model)
+- rounds.py: rounds opened (shards sized by throughput), their deadlines kept, aggregated, closed or resumed
+- stragglers.py: backups for the units still leased past a round's soft deadline
+- leases.py: claims, heartbeats, expired leases
+- units.py: a unit's result accepted, verified, refused or rejected; how a unit trains
+- waiting.py: no job waits forever for a capable device
+"""
+from .datasets import dataset_create, load_xy
+from .jobs import (
+    JobPlan, template_backends, job_plan, job_create, job_start, job_cancel, job_fail, diverging_message,
+    job_scheme, unit_flops, job_model,
+)
+from .rounds import round_open, round_aggregate, rounds_overdue, rounds_stalled, jobs_stalled
+from .stragglers import units_reissue_stragglers
+from .leases import unit_lease, unit_heartbeat_holder, unit_heartbeat, units_requeue_expired
+from .units import (
+    unit_train_spec, unit_steps, unit_work_samples, SUPERSEDED, unit_accept, unit_verified,
+    unit_backoff_seconds, unit_release, unit_reject,
+)
+from .waiting import jobs_check_waiting
+
+__all__ = [
+    "dataset_create",
+    "load_xy",
+    "JobPlan",
+    "template_backends",
+    "job_plan",
+    "job_create",
+    "job_start",
+    "job_cancel",
+    "job_fail",
+    "diverging_message",
+    "job_scheme",
+    "unit_flops",
+    "job_model",
+    "round_open",
+    "round_aggregate",
+    "rounds_overdue",
+    "rounds_stalled",
+    "jobs_stalled",
+    "units_reissue_stragglers",
+    "unit_lease",
+    "unit_heartbeat_holder",
+    "unit_heartbeat",
+    "units_requeue_expired",
+    "unit_train_spec",
+    "unit_steps",
+    "unit_work_samples",
+    "SUPERSEDED",
+    "unit_accept",
+    "unit_verified",
+    "unit_backoff_seconds",
+    "unit_release",
+    "unit_reject",
+    "jobs_check_waiting",
+]

@@ -1,0 +1,56 @@
+"""Writes on datasets: an upload checked, profiled and stored; a job's training and test splits read back."""
+from __future__ import annotations
+
+import logging
+
+import torch
+from django.conf import settings
+from muninn_worker import tensors
+
+from muninn.errors import InvalidInput, TooLarge
+
+from .. import datasets, preparation, storage
+from ..models import Dataset
+
+
+log = logging.getLogger(__name__)
+
+
+def dataset_create(*, owner, filename: str, data: bytes, name: str = "", target: str = "", task: str = "",
+                   tokenizer: str = "") -> Dataset:
+    """Validate, profile and store an upload. Nothing is stored unless the whole file is valid.
+
+    `task` forces a table's target to "classification" or "regression" (default: detected); `tokenizer` is
+    "char" (default) or "byte" for text."""
+    if len(data) > settings.MUNINN_MAX_UPLOAD_BYTES:
+        raise TooLarge(f"The file is {len(data):,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
+    if not data:
+        raise InvalidInput("The file is empty.", code="empty_file")
+    try:
+        fmt = datasets.sniff_format(filename, data[:4096])
+        parsed = datasets.parse_dataset(data, fmt, target=target or None, task=task or None,
+                                        tokenizer=tokenizer or None)
+    except datasets.DatasetError as e:
+        raise InvalidInput(e.message, code=e.code, detail=e.detail) from e
+    sha = storage.blob_put(data)
+    return Dataset.objects.create(
+        owner=owner, name=(name or filename)[:200], sha256=sha, size_bytes=len(data), format=fmt,
+        target=target, profile=parsed.profile,
+    )
+
+
+def _load_samples(dataset: Dataset, model_config: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The dataset as (X, y) samples for this model, read exactly as at upload, and the job's metadata."""
+    options = preparation.parse_options(dataset.profile, model_config)
+    parsed = datasets.parse_dataset(storage.blob_get(dataset.sha256), dataset.format, target=dataset.target or None,
+                                    **options)
+    X, y = preparation.samples(parsed, model_config)
+    return X, y, preparation.job_metadata(parsed.profile)
+
+
+def _xy_bytes(X: torch.Tensor, y: torch.Tensor) -> bytes:
+    return tensors.shard_to_bytes(X.contiguous(), y.contiguous())
+
+
+def load_xy(sha256: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return tensors.bytes_to_shard(storage.blob_get(sha256))

@@ -1,0 +1,168 @@
+"""A unit's result: accepted (or checked first), verified, refused or rejected, and queued again after a
+backoff; how a unit trains (its steps, its samples)."""
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from muninn_worker import flops as worker_flops
+from muninn_worker import zoo
+
+from muninn.errors import Conflict
+
+from .. import wakeups
+from ..models import Round, WorkUnit
+
+from .rounds import _round_complete, _round_reschedule
+
+log = logging.getLogger(__name__)
+
+
+def unit_train_spec(unit: WorkUnit) -> dict:
+    """How a unit is trained: the arguments of `training.train_local`, the same for the device that does
+    the work and for the validator that re-executes it (DiLoCo: `inner_steps` steps instead of epochs)."""
+    job = unit.round.job
+    hp = job.hparams
+    return {"epochs": hp["epochs"], "batch_size": hp["batch_size"], "lr": hp["lr"],
+            "momentum": hp.get("momentum", 0.0), "seed": unit.seed,
+            "optimizer": zoo.get_template(job.template).optimizer, "inner_steps": job.inner_steps}
+
+
+def unit_steps(unit: WorkUnit) -> int:
+    """The optimizer steps a unit's training takes (epochs × batches of its shard, or DiLoCo's inner_steps),
+    counted by the site from the unit, never taken from the device's receipt."""
+    job = unit.round.job
+    if job.inner_steps:
+        return job.inner_steps
+    return job.hparams["epochs"] * -(-unit.samples // job.hparams["batch_size"])
+
+
+def unit_work_samples(unit: WorkUnit) -> int:
+    """The samples a unit's training passes over (its shard × epochs, or DiLoCo's inner_steps × batch): what a
+    device's speed is measured against."""
+    job = unit.round.job
+    return worker_flops.train_samples(unit.samples, job.hparams["epochs"], inner_steps=job.inner_steps,
+                                      batch_size=job.hparams["batch_size"])
+
+
+SUPERSEDED = "Another device's result for the same shard was accepted first (this unit was a straggler's "\
+             "backup, or had one); this result is not credited."
+
+
+def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, samples: int,
+                metrics: dict, verify: bool = False, unit: WorkUnit | None = None) -> tuple[WorkUnit, bool]:
+    """Record a result that passed the cheap checks: accepted at once, or `verify`ing until a re-execution
+    agrees (see unit_verified / unit_reject). An accepted result cancels its shard's other copy (a
+    straggler and its backup: the first valid result wins). Its arrival moves the round's deadlines.
+    Returns (unit, round_complete). Must run inside the caller's transaction so that the receipt commits with
+    it. The round row is locked first, so an aggregation never misses a result it has already been told about,
+    and two copies of one shard are never both accepted. `unit`: the unit as the caller loaded it (with its round
+    and job), updated in place rather than read again."""
+    if unit is None:
+        unit = WorkUnit.objects.select_related("round__job").get(pk=unit_id)
+    rnd = Round.objects.select_for_update().get(pk=unit.round_id)
+    now = timezone.now()
+    fields = {"status": WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED,
+              "accepted_at": None if verify else now, "result_sha256": result_sha256, "result_samples": samples,
+              "result_metrics": metrics, "lease_expires_at": None, "submitted_at": now}
+    # One conditional update: still leased to this lease, in a round still open (the round's lock is held).
+    if rnd.status != Round.Status.OPEN or not WorkUnit.objects.filter(
+            pk=unit_id, status=WorkUnit.Status.LEASED, lease_token=lease_token).update(**fields):
+        _refuse_accept(WorkUnit.objects.get(pk=unit_id), rnd)
+    for field, value in fields.items():
+        setattr(unit, field, value)
+    if not verify:
+        _cancel_copies(unit)
+    if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
+        WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
+    job = unit.round.job
+    _round_reschedule(rnd, now, unit=unit)
+    rnd.job = job
+    unit.round = rnd
+    return unit, _round_complete(rnd)
+
+
+def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:
+    """Why a result for this unit cannot be accepted now (always raises Conflict)."""
+    if unit.status in (WorkUnit.Status.ACCEPTED, WorkUnit.Status.VERIFYING):
+        raise Conflict("This unit already has a result.", code="already_done")
+    if unit.status == WorkUnit.Status.CANCELLED and rnd.status == Round.Status.OPEN:
+        raise Conflict(SUPERSEDED, code="superseded")
+    raise Conflict("This unit is no longer leased to you (the lease expired or the round closed).",
+                   code="lease_lost")
+
+
+def _cancel_copies(unit: WorkUnit) -> int:
+    """The other copies of an accepted unit's shard (its original or backups) will not count: cancel them,
+    so their late results are refused and the round need not wait for them."""
+    group = unit.backup_of_id or unit.pk
+    return (WorkUnit.objects.filter(Q(pk=group) | Q(backup_of_id=group)).exclude(pk=unit.pk)
+            .exclude(status=WorkUnit.Status.ACCEPTED)
+            .update(status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None))
+
+
+def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
+    """A re-execution agreed: the verifying result now counts. Returns (unit, round_complete)."""
+    rnd = Round.objects.select_for_update().get(pk=WorkUnit.objects.values("round_id").get(pk=unit_id)["round_id"])
+    unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
+    if unit.status == WorkUnit.Status.CANCELLED:
+        raise Conflict(SUPERSEDED, code="superseded")
+    if unit.status != WorkUnit.Status.VERIFYING:
+        raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
+    unit.status, unit.accepted_at = WorkUnit.Status.ACCEPTED, timezone.now()
+    unit.save(update_fields=["status", "accepted_at"])
+    _cancel_copies(unit)
+    unit.round = rnd
+    return unit, rnd.status == Round.Status.OPEN and _round_complete(rnd)
+
+
+def unit_backoff_seconds(rejections: int) -> float:
+    """How long a unit refused `rejections` times waits before it is leased again: doubling from
+    MUNINN_UNIT_BACKOFF_SECONDS, capped at MUNINN_UNIT_BACKOFF_MAX_SECONDS."""
+    base, cap = settings.MUNINN_UNIT_BACKOFF_SECONDS, settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS
+    return min(cap, base * 2 ** max(0, rejections - 1)) if rejections > 0 else 0.0
+
+
+def _requeue_after_refusal(unit: WorkUnit) -> dict:
+    """The fields that put a refused unit back in the queue, open to any device, after its backoff (the device
+    refused waits longer: see unit_lease)."""
+    rejections = unit.rejections + 1
+    return {"status": WorkUnit.Status.QUEUED, "lease_token": None, "lease_expires_at": None,
+            "preferred_device_id": None, "reserved_until": None, "rejections": rejections,
+            "not_before": timezone.now() + timedelta(seconds=unit_backoff_seconds(rejections)),
+            "refused_device_id": unit.leased_device_id}
+
+
+def unit_release(*, unit_id: int, lease_token: uuid.UUID) -> bool:
+    """The lease holder's result was refused: the unit goes back to the queue, open to any device, once its
+    backoff has passed."""
+    with transaction.atomic():
+        unit = WorkUnit.objects.select_for_update().filter(pk=unit_id, status=WorkUnit.Status.LEASED,
+                                                           lease_token=lease_token).first()
+        if unit is None:
+            return False
+        WorkUnit.objects.filter(pk=unit.pk).update(**_requeue_after_refusal(unit))
+        wakeups.units_queued_on_commit()
+    return True
+
+
+def unit_reject(*, unit_id: int) -> WorkUnit:
+    """A check disagreed (or the result could not be used): drop the result and queue the unit again, open to
+    any device, after its backoff."""
+    unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
+    if unit.status == WorkUnit.Status.CANCELLED:  # its shard's other copy was accepted meanwhile: nothing to redo
+        return unit
+    if unit.status != WorkUnit.Status.VERIFYING:
+        raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
+    for field, value in _requeue_after_refusal(unit).items():
+        setattr(unit, field, value)
+    unit.submitted_at = None
+    unit.result_sha256, unit.result_samples, unit.result_metrics = "", None, {}
+    unit.save()
+    wakeups.units_queued_on_commit()
+    return unit
