@@ -110,6 +110,7 @@ class DeviceEvent(models.Model):
         EARNINGS_HELD = "earnings_held", "Unverified earnings held for review"
         RELEASED = "released", "Held earnings released"
         FORFEITED = "forfeited", "Held earnings forfeited (fraud)"
+        ABANDONED = "abandoned", "Lease expired without a result"
 
     device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=16, choices=Kind.choices)

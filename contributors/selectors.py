@@ -62,14 +62,20 @@ def can_run(device: Device, *, min_memory_bytes: int, backends) -> bool:
 
 def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) -> list[tuple[int, float]]:
     """(device id, FLOP/s) of the online devices that can run a job needing this much memory on one of these
-    backends. A probe's benchmark is only a guess (a busy machine measures itself ten times slower), so a
-    device with no verified unit yet counts at the median speed of those measured on real units (at its
-    probe's when none is): planned on a guess far too low it would get no shard, so never a measurement."""
+    backends. A probe's benchmark is only a guess, and a self-reported one (a busy machine measures itself ten
+    times slower; a hoarder reports 1e18 to be sized the biggest shards), so a device with no verified unit yet
+    counts at the median speed of those measured on real units, or, when none is, at the median of the probes:
+    never at its own word. A device that let a lease expire within MUNINN_ABANDON_COOLDOWN_SECONDS is left out
+    (no shard is reserved for it; it claims what nobody holds)."""
+    since = timezone.now() - timedelta(seconds=settings.MUNINN_ABANDON_COOLDOWN_SECONDS)
+    abandoned = set(DeviceEvent.objects.filter(kind=DeviceEvent.Kind.ABANDONED, at__gte=since)
+                    .values_list("device_id", flat=True))
     rows = [d for d in devices_available().order_by("id")
-            if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+            if d.pk not in abandoned and can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
     measured = sorted(d.flops_per_s for d in rows if d.verified_total > 0 and d.flops_per_s > 0)
-    guess = measured[len(measured) // 2] if measured else None
-    return [(d.pk, d.flops_per_s if d.verified_total > 0 or guess is None else guess) for d in rows]
+    probes = sorted(d.flops_per_s for d in rows if d.verified_total == 0)
+    guess = measured[len(measured) // 2] if measured else (probes[len(probes) // 2] if probes else None)
+    return [(d.pk, d.flops_per_s if d.verified_total > 0 else guess) for d in rows]
 
 
 def capable_devices_seen(*, min_memory_bytes: int, backends) -> int:

@@ -72,6 +72,11 @@ class Claim:
     check: PeerCheck | None = None  # a peer check instead of a unit (contributors.peers)
 
 
+class LeaseLimit(MuninnError):
+    code = "lease_limit"
+    status = 409
+
+
 class Quarantined(MuninnError):
     code = "device_quarantined"
     status = 403
@@ -90,6 +95,11 @@ def unit_claim(*, device: Device) -> Claim | None:
     with transaction.atomic():
         unit = jobs.unit_lease(device_id=device.pk, resources=selectors.device_resources(device))
         if unit is None:
+            held = jobs.units_held(device_id=device.pk)
+            if held >= settings.MUNINN_MAX_LEASES_PER_DEVICE:
+                raise LeaseLimit(f"This device holds {held} units already, the most a device may hold at once. "
+                                 "Upload their results (or let their leases expire) before claiming more.",
+                                 detail={"held": held, "limit": settings.MUNINN_MAX_LEASES_PER_DEVICE})
             return None
         k = tolerances.segment_steps_for(unit.round.job.template, jobs.unit_steps(unit))
         lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token, segment_steps=k)
@@ -129,6 +139,22 @@ def unit_heartbeat(*, device: Device, unit_id: int):
         return expires
     unit, lease = leased_unit(device=device, unit_id=unit_id)
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
+
+
+def devices_record_abandoned(abandoned: list[tuple[int, int]]) -> None:
+    """Leases that expired without a result, [(unit id, device id), ...]: each is kept on its device's record, the
+    device's verified streak is halved (it is checked more often again: a device that holds work and drops it is
+    not one to trust blindly), and for MUNINN_ABANDON_COOLDOWN_SECONDS no shard is reserved for it at a round's
+    planning (selectors.device_capacities_online); it still claims what nobody holds. Not a failure: machines
+    crash, and nothing it sent was wrong."""
+    if not abandoned:
+        return
+    DeviceEvent.objects.bulk_create([
+        DeviceEvent(device_id=device_id, kind=DeviceEvent.Kind.ABANDONED, unit_id=unit_id,
+                    reason=f"the lease of unit {unit_id} expired without a result")
+        for unit_id, device_id in abandoned if device_id is not None])
+    for device_id in {device_id for _, device_id in abandoned if device_id is not None}:
+        Device.objects.filter(pk=device_id).update(verified_streak=F("verified_streak") / 2)
 
 
 def device_record_failure(*, device: Device, reason: str, unit_id: int | None = None) -> bool:

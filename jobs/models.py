@@ -220,6 +220,8 @@ class WorkUnit(models.Model):
         indexes = [
             models.Index(fields=["status", "id"], name="unit_status_id"),
             models.Index(fields=["status", "lease_expires_at"], name="unit_status_expiry"),
+            # the units a device holds (a claim counts them against MUNINN_MAX_LEASES_PER_DEVICE)
+            models.Index(fields=["leased_device_id"], condition=models.Q(status="leased"), name="unit_leased_device"),
             # a claim's first pass: the queued units sized for this device, in id order
             models.Index(fields=["preferred_device_id", "id"], condition=models.Q(status="queued"),
                          name="unit_queued_preferred"),

@@ -58,11 +58,15 @@ def aggregate_round(round_id: int) -> None:
 
 @shared_task(name="jobs.tasks.requeue_expired_leases")
 def requeue_expired_leases() -> int:
-    count = services.units_requeue_expired()
-    if count:
+    """Expired leases go back to the queue, and their devices' records say they abandoned them."""
+    from contributors.services import devices_record_abandoned
+
+    abandoned = services.leases_expire()
+    if abandoned:
+        devices_record_abandoned(abandoned)
         wakeups.units_queued_on_commit()
-        log.info("re-queued %s unit(s) whose lease expired", count)
-    return count
+        log.info("re-queued %s unit(s) whose lease expired", len(abandoned))
+    return len(abandoned)
 
 
 @shared_task(name="jobs.tasks.close_overdue_rounds")

@@ -18,7 +18,9 @@ from .jobs import (
 )
 from .rounds import round_open, round_aggregate, rounds_overdue, rounds_stalled, jobs_stalled
 from .stragglers import units_reissue_stragglers
-from .leases import unit_lease, unit_heartbeat_holder, unit_heartbeat, units_requeue_expired
+from .leases import (
+    units_held, unit_lease, unit_heartbeat_holder, unit_heartbeat, units_requeue_expired, leases_expire,
+)
 from .units import (
     unit_train_spec, unit_steps, unit_work_samples, SUPERSEDED, unit_accept, unit_verified,
     unit_backoff_seconds, unit_release, unit_reject,
@@ -49,6 +51,8 @@ __all__ = [
     "unit_heartbeat_holder",
     "unit_heartbeat",
     "units_requeue_expired",
+    "units_held",
+    "leases_expire",
     "unit_train_spec",
     "unit_steps",
     "unit_work_samples",

@@ -28,14 +28,22 @@ def _runnable_on(resources: dict[str, int]) -> Q:
     return runnable
 
 
-def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int | None = None) -> WorkUnit | None:
+def units_held(*, device_id: int) -> int:
+    """How many units the device holds a lease on now."""
+    return WorkUnit.objects.filter(status=WorkUnit.Status.LEASED, leased_device_id=device_id).count()
+
+
+def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int | None = None,
+               max_held: int | None = None) -> WorkUnit | None:
     """Lease one queued unit the device can run (see _runnable_on): first one sized for it, then a
     straggler's backup (the round waits on it), then one nobody else has reserved; never a unit in its backoff
     after a refusal (nor, for a minute more, one refused from this device); never the backup of a
     unit this device is itself running. Never the same unit to two devices: rows are locked with SKIP
-    LOCKED where the database has it, and the lease itself is a conditional update on the status.
-    Returns the unit with its round and job loaded."""
+    LOCKED where the database has it, and the lease itself is a conditional update on the status. Nothing while
+    the device already holds `max_held` units (MUNINN_MAX_LEASES_PER_DEVICE): a unit held is a unit nobody else
+    can run. Returns the unit with its round and job loaded."""
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
+    max_held = max_held or settings.MUNINN_MAX_LEASES_PER_DEVICE
     now = timezone.now()
     queued = WorkUnit.objects.filter(
         _runnable_on(resources), Q(not_before__isnull=True) | Q(not_before__lte=now),
@@ -55,8 +63,10 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
                            queued.filter(unreserved)):
             candidates = candidates.order_by("id")
             if connection.vendor == "postgresql":
-                unit = _lease_first(candidates, token=uuid.uuid4(), **lease)
+                unit = _lease_first(candidates, token=uuid.uuid4(), max_held=max_held, **lease)
             else:
+                if units_held(device_id=device_id) >= max_held:
+                    return None
                 unit_id = _lease_one_of(candidates[:4], token=uuid.uuid4(), **lease)
                 unit = None if unit_id is None else WorkUnit.objects.get(pk=unit_id)
             if unit is not None:
@@ -65,16 +75,18 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     return None
 
 
-def _lease_first(candidates, *, token: uuid.UUID, status: str, leased_device_id: int,
-                 lease_expires_at) -> WorkUnit | None:
+def _lease_first(candidates, *, token: uuid.UUID, status: str, leased_device_id: int, lease_expires_at,
+                 max_held: int) -> WorkUnit | None:
     """PostgreSQL: lease the first candidate no other claim holds, in one statement (a queue's UPDATE ... WHERE id
-    = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING the leased row)."""
+    = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING the leased row), unless the device holds max_held."""
     pick, params = candidates.select_for_update(skip_locked=True, of=("self",)).values("id")[:1].query.sql_with_params()
     table = WorkUnit._meta.db_table
     leased = WorkUnit.objects.raw(
         f'UPDATE "{table}" SET status = %s, lease_token = %s, leased_device_id = %s, lease_expires_at = %s, '
-        f'attempts = attempts + 1 WHERE id = ({pick}) AND status = %s RETURNING *',
-        [status, token, leased_device_id, lease_expires_at, *params, WorkUnit.Status.QUEUED])
+        f'attempts = attempts + 1 WHERE id = ({pick}) AND status = %s AND (SELECT count(*) FROM "{table}" held '
+        f'WHERE held.status = %s AND held.leased_device_id = %s) < %s RETURNING *',
+        [status, token, leased_device_id, lease_expires_at, *params, WorkUnit.Status.QUEUED,
+         WorkUnit.Status.LEASED, leased_device_id, max_held])
     return next(iter(leased), None)
 
 
@@ -109,8 +121,21 @@ def unit_heartbeat(*, unit_id: int, lease_token: uuid.UUID, lease_seconds: int |
 
 def units_requeue_expired(*, now: datetime | None = None) -> int:
     """Leases past their expiry go back to the queue, open to any device (a new lease gets a new token, so
-    a late result from the old holder is refused). Safe to run any number of times."""
-    return WorkUnit.objects.filter(
-        status=WorkUnit.Status.LEASED, lease_expires_at__lt=now or timezone.now(),
-    ).update(status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
-             reserved_until=None)
+    a late result from the old holder is refused). Safe to run any number of times. Returns how many."""
+    return len(leases_expire(now=now))
+
+
+def leases_expire(*, now: datetime | None = None) -> list[tuple[int, int]]:
+    """units_requeue_expired, returning (unit id, device id) of each lease that expired: its device abandoned it
+    (the task layer holds that against the device: contributors.services.devices_record_abandoned)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        expired = WorkUnit.objects.filter(status=WorkUnit.Status.LEASED, lease_expires_at__lt=now)
+        if connection.features.has_select_for_update_skip_locked:
+            expired = expired.select_for_update(skip_locked=True)
+        abandoned = list(expired.values_list("id", "leased_device_id"))
+        WorkUnit.objects.filter(pk__in=[unit_id for unit_id, _ in abandoned], status=WorkUnit.Status.LEASED,
+                                lease_expires_at__lt=now).update(
+            status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
+            reserved_until=None)
+    return abandoned

@@ -197,6 +197,11 @@ MUNINN_CONTRIBUTOR_SHARE = Decimal(env.str("MUNINN_CONTRIBUTOR_SHARE", default="
 MUNINN_MIN_CHARGE_PER_JOB = Decimal(env.str("MUNINN_MIN_CHARGE_PER_JOB", default="0.01"))
 MUNINN_MIN_EARNING_PER_UNIT = Decimal(env.str("MUNINN_MIN_EARNING_PER_UNIT", default="0.00001"))
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
+# Units a device may hold at once (the worker client trains one at a time): a unit held is a unit nobody else
+# can run, and a device that holds without uploading slows every round it holds.
+MUNINN_MAX_LEASES_PER_DEVICE = env.int("MUNINN_MAX_LEASES_PER_DEVICE", default=2)
+# A device that let a lease expire gets no shard reserved for it at a round's planning for this long.
+MUNINN_ABANDON_COOLDOWN_SECONDS = env.int("MUNINN_ABANDON_COOLDOWN_SECONDS", default=3600)
 # Long-poll claims (contributors/push.py): a device may ask the site to hold its claim up to this many seconds
 # until a unit is queued for it. Each held claim holds a web thread (and, on PostgreSQL, its connection), so a
 # process holds at most MUNINN_CLAIM_WAITERS of them and answers the rest 204 at once with a Retry-After: run the
