@@ -71,3 +71,17 @@ def test_templates_have_no_inline_scripts_or_event_handlers():
         offending += [f"{template.name}: {m.group(0)}" for m in re.finditer(r"<script(?![^>]*\bsrc=)[^>]*>", text)]
         offending += [f"{template.name}: {m.group(0)}" for m in re.finditer(r"\son[a-z]+\s*=", text)]
     assert offending == []
+
+
+def test_an_api_url_that_names_no_endpoint_is_a_json_404_and_a_page_url_the_sites_page(client, settings):
+    settings.DEBUG = False
+
+    api = client.get("/api/no-such-endpoint")
+    huge = client.get("/api/jobs/99999999999999999999999")  # an id no column holds: no such job
+    page = client.get("/no-such-page/")
+
+    for response in (api, huge):
+        assert response.status_code == 404 and response["Content-Type"] == "application/json"
+        assert response.json()["error"]["code"] == "not_found"
+    assert "/api/schema" in api.json()["error"]["message"]
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")

@@ -80,3 +80,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include(api)),
 ]
+
+handler404 = "muninn.views.not_found"  # JSON under /api/, the site's page elsewhere

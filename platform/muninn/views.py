@@ -3,6 +3,9 @@ customer also sees their own recent jobs (never anyone else's)."""
 from django.db import connection
 from django.http import JsonResponse
 from django.shortcuts import render
+from django.views import defaults
+
+from .errors import error_body
 
 
 def home(request):
@@ -21,3 +24,12 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"ok": True})
+
+
+def not_found(request, exception=None):
+    """404: the API's one error shape for a URL under /api/ that names no endpoint (a client parses JSON, never a
+    page), the site's own page for everything else."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("not_found", f"There is no API endpoint at {request.path}. The API's "
+                                       "operations are listed at /api/schema."), status=404)
+    return defaults.page_not_found(request, exception)
