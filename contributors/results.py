@@ -197,7 +197,11 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
                                                     unit.samples, jobs.unit_steps(unit)), output_sha256=output_sha)
     live = _live_with(output_sha) if live is None else live  # (result_submit looked them up already)
     # Another unit's: the same unit's is this very upload delivered twice, which result_submit answers as a repeat.
-    if any(device_id == device.pk and unit_id != unit.pk for _, device_id, unit_id in live):
+    # Another unit with the very same work (a job run again with the same seed, data and settings: the same
+    # weights, shard, seed and training) has the very same honest result: that is no replay.
+    others = [unit_id for _, device_id, unit_id in live if device_id == device.pk and unit_id != unit.pk]
+    if others and any(_work_of(other) != _work_of(unit) for other in
+                      WorkUnit.objects.select_related("round__job").filter(pk__in=others)):
         raise ResultRejected("replayed_result", "These exact weights were already submitted for another unit.")
     # The same bytes from another device: one of the two claims is false, and hashes cannot say which
     # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
@@ -265,6 +269,13 @@ def _norm_bound(job_id: int) -> float:
             _NORM_BOUNDS.clear()
         _NORM_BOUNDS[job_id] = (now, bound)
     return bound
+
+
+def _work_of(unit: WorkUnit) -> tuple:
+    """Everything that decides a unit's trained weights: two units with the same train the same."""
+    job = unit.round.job
+    return (unit.round.weights_sha256, unit.shard_sha256, unit.samples, job.template, job.model_config,
+            jobs.unit_train_spec(unit), job.update_encoding, job.base_weights_id)
 
 
 # Cheap checks that honest training can fail: evidence that calls for a segment check, never a refusal.

@@ -80,3 +80,23 @@ def test_a_live_result_of_the_same_unit_is_not_a_replay(customer_api, digits_dat
                               receipt=receipt, receipt_bytes=body, signature=signing.sign(device.signing_key, body))
 
     assert "same_bytes_as_receipt" not in evidence
+
+
+def test_the_same_work_in_a_job_run_again_is_no_replay(customer_api, digits_dataset, make_device):
+    """A customer runs the same job twice (same data, seed and settings): the two jobs' units are the same work,
+    and an honest device that trains both sends the same bytes twice. That is its honest answer, not a replay."""
+    device = make_device()
+    first = create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit_a = device.claim()
+    upload = device.train(unit_a)
+    assert device.submit(unit_a["id"], *upload).status_code == 201
+    create_job(customer_api, digits_dataset["id"], rounds=1)  # the same job again
+    unit_b = device.claim()
+    assert unit_b["job"] != first["id"] and unit_b["shard_sha256"] == unit_a["shard_sha256"]
+
+    again = device.train(unit_b)
+
+    assert again[0] == upload[0]  # the very same bytes
+    answer = device.submit(unit_b["id"], *again)
+    assert answer.status_code == 201, answer.content
+    assert not DeviceEvent.objects.filter(device=device.device, kind=DeviceEvent.Kind.FAILURE).exists()
