@@ -238,37 +238,14 @@ def unit_charge(*, unit, contributor) -> Transaction:
     charges add up to exactly the quote when it does all its quoted work, and never more. Every verified unit
     earns its contributor at least MUNINN_MIN_EARNING_PER_UNIT: when the customer's part falls short (a tiny
     unit, or re-issued work beyond the estimate once the hold is used up), the platform's fee makes up the rest."""
-    job = unit.round.job
-    key = f"charge:unit:{unit.pk}"
-    with transaction.atomic():
-        held = locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))  # serialises a job's charges
-        existing = Transaction.objects.filter(idempotency_key=key).first()
-        if existing:
-            return existing
-        price, quoted_flops = _quoted(job)
-        amount = money.step_share(price, quoted_flops, selectors.job_flops_charged(job=job), unit.flops)
-        remaining = selectors.job_hold_remaining(job=job)
-        if amount > remaining:  # re-issued or extra work beyond the estimate is the platform's cost
-            log.warning("unit %s: charge %s capped at the hold's remaining %s", unit.pk, amount, remaining)
-            amount = remaining
-        to_contributor, fee = money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)
-        top_up = max(0, money.to_nanos(settings.MUNINN_MIN_EARNING_PER_UNIT) - to_contributor)
-        return ledger_post(
-            key=key, kind=Transaction.Kind.CHARGE, job=job, unit=unit, flops=unit.flops,
-            memo=f"job {job.pk} round {unit.round.number} unit {unit.pk}"
-                 + (f" (the platform adds {_fmt(top_up)}: the least a unit earns)" if top_up else ""),
-            lines=[(held, -amount),
-                   (account_for(kind=Kind.CONTRIBUTOR_PENDING, owner=contributor), to_contributor + top_up),
-                   (account_for(kind=Kind.PLATFORM_FEE), fee - top_up)],
-        )
+    return unit_charges(job=unit.round.job, charges=[(unit, contributor)])[0]
 
 
 def unit_charges(*, job, charges: Sequence[tuple]) -> list[Transaction]:
-    """unit_charge for many verified units of one job at once, [(unit, contributor), ...]: the same transactions,
-    amounts, keys and memos as charging them one by one in this order (so never more than the hold, never twice
-    for one unit), with the job's hold locked, and its quote, charged FLOPs, remaining hold and accounts read once;
-    each unit's charge is still its own balanced transaction. Returns them in order (the first one's for a unit
-    charged before)."""
+    """unit_charge for many verified units of one job at once, [(unit, contributor), ...], in this order: the
+    job's hold locked, and its quote, charged FLOPs, remaining hold and accounts read once; each unit's charge is
+    still its own balanced transaction with its own key (never twice for one unit, never more than the hold).
+    Returns them in order (the first one's for a unit charged before)."""
     if not charges:
         return []
     with transaction.atomic():
