@@ -60,6 +60,16 @@ def credit_pending(*, job_id: int | None = None, device_id: int | None = None, w
     return len(receipts)
 
 
+def credit_all_pending(*, job_id: int | None = None, wait: bool = False) -> int:
+    """credit_pending, a batch after another, until none is left (of one job, or all). Returns how many."""
+    total = 0
+    while (credited := credit_pending(job_id=job_id, wait=wait)):
+        total += credited
+        if credited < BATCH:
+            break
+    return total
+
+
 def jobs_with_pending_credit() -> list[int]:
     """The jobs whose accepted results wait for their charge: beat's sweep credits them (a lost message)."""
     return list(Receipt.objects.filter(credit_pending=True, status=Receipt.Status.ACCEPTED)

@@ -9,5 +9,4 @@ from . import credit
 
 @receiver(job_ending, dispatch_uid="contributors.credit_on_job_end")
 def _credit_before_end(sender, job, **kwargs) -> None:
-    while credit.credit_pending(job_id=job.pk, wait=True) == credit.BATCH:
-        pass
+    credit.credit_all_pending(job_id=job.pk, wait=True)

@@ -153,8 +153,8 @@ def devices_record_abandoned(abandoned: list[tuple[int, int]]) -> None:
         DeviceEvent(device_id=device_id, kind=DeviceEvent.Kind.ABANDONED, unit_id=unit_id,
                     reason=f"the lease of unit {unit_id} expired without a result")
         for unit_id, device_id in abandoned if device_id is not None])
-    for device_id in {device_id for _, device_id in abandoned if device_id is not None}:
-        Device.objects.filter(pk=device_id).update(verified_streak=F("verified_streak") / 2)
+    Device.objects.filter(pk__in={device_id for _, device_id in abandoned if device_id is not None}).update(
+        verified_streak=F("verified_streak") / 2)
 
 
 def device_record_failure(*, device: Device, reason: str, unit_id: int | None = None) -> bool:

@@ -30,11 +30,7 @@ def verify_unit(unit_id: int) -> None:
 def credit_results(job_id: int) -> int:
     """Charge the job's accepted results that wait for it, a batch at a time (one per result is enqueued; the
     first finds them all and the rest find nothing)."""
-    credited = total = credit.credit_pending(job_id=job_id)
-    while credited == credit.BATCH:
-        credited = credit.credit_pending(job_id=job_id)
-        total += credited
-    return total
+    return credit.credit_all_pending(job_id=job_id)
 
 
 @shared_task(name="contributors.tasks.sweep_pending_credits")
