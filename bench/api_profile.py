@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client"), str(ROOT / "bench")]
 
+import load_world  # noqa: E402
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_profile"
 DEVICES = 20
 QUEUED_UNITS = 1000
@@ -70,6 +72,7 @@ def main() -> int:
         "CELERY_BROKER_URL": "memory://", "DEBUG": "false", "SECRET_KEY": "profile-benchmark-only",
         "ALLOWED_HOSTS": "testserver", "MUNINN_VAR_DIR": str(tmp), "MEDIA_ROOT": str(tmp / "media"),
         "MUNINN_MAX_DEVICES_PER_ACCOUNT": str(DEVICES),
+        "MUNINN_MIN_CHECK_RATE": load_world.CHECK_FLOOR,  # bench/load.py's world: veterans checked 5 % of the time
     })
     from load_world import recreate_database
 

@@ -1,7 +1,8 @@
 """How much the platform trusts a device: pure arithmetic, after BOINC's adaptive replication.
 
-New devices have every result checked; a device whose results keep agreeing is checked less and less
-often (never below MIN_RATE); one disagreement resets its streak and holds the earnings of its unverified work
+Every result is checked before it counts (MIN_RATE = 1: one segment of every unit, so that no update reaches a
+model unchecked, however long the device's record). An operator may lower the floor (MUNINN_MIN_CHECK_RATE):
+then a device whose results keep agreeing is checked less and less often, down to that floor; one disagreement resets its streak and holds the earnings of its unverified work
 for review (HOLD_AFTER), and failures confirmed on QUARANTINE_AFTER different units quarantine it. A check re-trains CHALLENGED_SEGMENTS segments of the unit, drawn with the
 site's secret after the device has committed to every checkpoint, so it cannot know which ones.
 """
@@ -10,7 +11,11 @@ from __future__ import annotations
 import hashlib
 
 TRUST_AFTER = 5  # consecutive verified results before the re-execution rate starts to fall
-MIN_RATE = 0.05
+# The floor of the check rate. 1: every result has a segment re-trained before it is aggregated or credited (a
+# trusted device that turned to under-training had 12 updates aggregated unchecked at a 0.05 floor). The
+# adaptive curve below it is for operators who trade that for validator time (MUNINN_MIN_CHECK_RATE).
+MIN_RATE = 1.0
+ADAPTIVE_MIN_RATE = 0.05  # the floor BOINC-style adaptive checking used before (bench/cheating.py compares)
 QUARANTINE_AFTER = 3  # units with a confirmed failure (since the last lifted quarantine)
 # A confirmed failure holds the device's unverified, uncleared earnings for review at once (staff release or
 # forfeit them): without it a trusted device skipping a small share of its work was caught too seldom to lose
@@ -21,7 +26,8 @@ SUSPECT_SEGMENTS = 64
 
 
 def reexecution_rate(streak: int, *, trust_after: int = TRUST_AFTER, min_rate: float = MIN_RATE) -> float:
-    """1 until `trust_after` consecutive agreements, then trust_after/(streak+1), floored at min_rate."""
+    """1 until `trust_after` consecutive agreements, then trust_after/(streak+1), floored at min_rate (1 at the
+    default floor: every result)."""
     if streak < trust_after:
         return 1.0
     return max(min_rate, trust_after / (streak + 1))
@@ -34,8 +40,8 @@ def draw(secret: str, unit_id: int, lease_token: str) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def should_reexecute(streak: int, draw_value: float) -> bool:
-    return draw_value < reexecution_rate(streak)
+def should_reexecute(streak: int, draw_value: float, *, min_rate: float = MIN_RATE) -> bool:
+    return draw_value < reexecution_rate(streak, min_rate=min_rate)
 
 
 def quarantine_due(failed_units: int, *, limit: int = QUARANTINE_AFTER) -> bool:

@@ -110,13 +110,15 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     suspect = evidence["suspect"]
     draw = reputation.draw(settings.SECRET_KEY, unit.pk, str(lease.token))
     streak = selectors.device_trust_streak(device)
-    verify = bool(suspect) or "same_bytes_as_receipt" in evidence or reputation.should_reexecute(streak, draw)
+    floor = settings.MUNINN_MIN_CHECK_RATE
+    verify = (bool(suspect) or "same_bytes_as_receipt" in evidence
+              or reputation.should_reexecute(streak, draw, min_rate=floor))
     n_segments = segments.segment_count(jobs.unit_steps(unit), lease.segment_steps)
     challenged = []
     if verify and "not_finite" not in suspect:  # a diverged result is re-trained whole (verification.py)
         challenged = reputation.draw_segments(settings.SECRET_KEY, unit.pk, str(lease.token), n_segments,
                                               suspect=bool(suspect))
-    evidence["check"] = {"rate": reputation.reexecution_rate(streak), "chosen": verify,
+    evidence["check"] = {"rate": reputation.reexecution_rate(streak, min_rate=floor), "chosen": verify,
                          "segments": challenged, "of": n_segments}
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
                "train_seconds": receipt["train_seconds"], "update_norm": evidence.get("update_norm"),

@@ -152,11 +152,15 @@ def device_units(device: Device) -> QuerySet[WorkUnit]:
     return WorkUnit.objects.filter(receipts__device=device, receipts__status=Receipt.Status.ACCEPTED).distinct()
 
 
+def device_open_receipts(device: Device) -> QuerySet[Receipt]:
+    """The device's accepted results whose earnings have neither cleared nor been forfeited yet."""
+    return Receipt.objects.filter(device=device, status=Receipt.Status.ACCEPTED,
+                                  unit_id__in=ledger.units_with_open_earnings(units=device_units(device)))
+
+
 def device_unverified_units(device: Device) -> QuerySet[WorkUnit]:
     """The device's accepted units that no validator checked and whose earnings have not cleared yet."""
-    receipts = Receipt.objects.filter(device=device, status=Receipt.Status.ACCEPTED,
-                                      unit_id__in=ledger.units_with_open_earnings(units=device_units(device)))
-    return WorkUnit.objects.filter(pk__in=[r.unit_id for r in receipts.only("unit_id", "verification")
+    return WorkUnit.objects.filter(pk__in=[r.unit_id for r in device_open_receipts(device).only("unit_id", "verification")
                                            if not receipt_was_checked(r)])
 
 

@@ -183,6 +183,8 @@ def device_record_failure(*, device: Device, reason: str, unit_id: int | None = 
         elif reputation.hold_due(failed):
             where = f" on unit {unit_id}" if unit_id is not None else ""
             _hold_unverified_earnings(locked, f"device {locked.pk}: a failure confirmed{where}: {reason}"[:500])
+        if quarantine or reputation.hold_due(failed):
+            _flag_open_work(locked, unit_id, reason)
         locked.save(update_fields=["verified_streak", "failures", "quarantined_at", "quarantine_reason"])
     if quarantine:
         log.warning("device %s quarantined: %s", device.pk, reason)
@@ -212,6 +214,28 @@ def _hold_unverified_earnings(device: Device, reason: str) -> None:
                                           f"({_fmt(amount)})")
 
 
+def _flag_open_work(device: Device, unit_id: int | None, reason: str) -> None:
+    """A device caught on one unit: its other accepted updates whose earnings are still open are marked on their
+    jobs (jobs.units_flag): left out of rounds not aggregated yet, and said to be in doubt where they were. Each
+    passed a check of one segment (or, under a lowered check floor, none): that says little once the device is
+    known to cheat."""
+    caught = f"Device {device.pk} failed a check" + (f" on unit {unit_id}" if unit_id is not None else "")
+    checked, unchecked = [], []
+    for receipt in selectors.device_open_receipts(device).exclude(unit_id=unit_id).only("unit_id", "verification"):
+        (checked if selectors.receipt_was_checked(receipt) else unchecked).append(receipt.unit_id)
+    flagged = (jobs.units_flag(unit_ids=checked, reason=f"{caught} ({reason}); this update had passed a check of "
+                                                         "one of its segments")
+               + jobs.units_flag(unit_ids=unchecked, reason=f"{caught} ({reason}); this update was accepted "
+                                                             "without a check"))
+    if flagged:
+        log.warning("device %s: %d accepted update(s) flagged on their jobs", device.pk, flagged)
+
+
+def _unflag(device: Device) -> int:
+    """Staff found the device honest: its updates are no longer in doubt."""
+    return jobs.units_unflag(unit_ids=selectors.device_units(device).values_list("pk", flat=True))
+
+
 def _moved(transactions) -> int:
     """How much the ledger transactions moved (the sum of their positive entries)."""
     return sum(e.amount for txn in transactions for e in txn.entries.all() if e.amount > 0)
@@ -236,6 +260,7 @@ def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:
         DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.LIFTED, reason=reason[:500], actor=staff)
         released = billing.earnings_release_held(units=selectors.device_units(locked), staff=staff,
                                                  reason=f"quarantine of device {locked.pk} lifted: {reason}")
+        _unflag(locked)
         if released:
             amount = _moved(released)
             DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.RELEASED, actor=staff,
@@ -259,12 +284,13 @@ def device_release_held_earnings(*, device: Device, staff, reason: str) -> list:
                            code="quarantined")
         released = billing.earnings_release_held(units=selectors.device_units(locked), staff=staff,
                                                  reason=f"device {locked.pk} reviewed: {reason}")
-        if not released:
+        unflagged = _unflag(locked)
+        if not released and not unflagged:
             raise Conflict("This device has no earnings held for review.", code="nothing_held")
         amount = _moved(released)
         DeviceEvent.objects.create(device=locked, kind=DeviceEvent.Kind.RELEASED, actor=staff,
-                                   reason=f"held earnings of {len(released)} unit(s) released ({_fmt(amount)}): "
-                                          f"{reason}"[:500])
+                                   reason=f"held earnings of {len(released)} unit(s) released ({_fmt(amount)}), "
+                                          f"its updates no longer flagged: {reason}"[:500])
     return released
 
 

@@ -91,9 +91,14 @@ class JobSerializer(serializers.ModelSerializer):
 class JobDetailSerializer(JobSerializer):
     round_list = serializers.SerializerMethodField()
     waiting = serializers.SerializerMethodField()
+    flagged_updates = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = JobSerializer.Meta.fields + ["round_list", "waiting"]
+        fields = JobSerializer.Meta.fields + ["round_list", "waiting", "flagged_updates"]
+
+    def get_flagged_updates(self, job: Job) -> list:
+        """Updates in doubt after the fact: [{round, unit, reason, in_model}] (jobs.selectors.job_flagged_updates)."""
+        return selectors.job_flagged_updates(job)
 
     def get_waiting(self, job: Job) -> str | None:
         """Why a running job is not moving (no online device can run it), or null."""
@@ -204,6 +209,9 @@ class JobModelView(APIView):
         metadata = {"muninn_template": template, "muninn_model_config": json.dumps(config),
                     "muninn_job": str(job.pk), "muninn_data": json.dumps(job.metrics.get("classes") or
                                                                           job.metrics.get("vocab") or [])}
+        in_doubt = [f["round"] for f in selectors.job_flagged_updates(job) if f["in_model"]]
+        if in_doubt:  # rounds whose aggregate holds an update of a device caught cheating on other work
+            metadata["muninn_flagged_rounds"] = json.dumps(sorted(set(in_doubt)))
         suffix = "-merged" if artefact == "merged" else ""
         return FileResponse(io.BytesIO(tensors.state_dict_to_bytes(state, metadata=metadata)), as_attachment=True,
                             filename=f"muninn-job-{job.pk}-{job.template}{suffix}.safetensors",

@@ -210,6 +210,10 @@ class WorkUnit(models.Model):
     result_sha256 = models.CharField(max_length=64, blank=True)
     result_samples = models.PositiveIntegerField(null=True, blank=True)
     result_metrics = models.JSONField(default=dict, blank=True)
+    # Why an accepted update is in doubt after the fact: its device failed a check on another unit while this
+    # one's earnings were still open ('' when not). Its round may be aggregated already (later rounds trained on
+    # it); the job's page, its API and its model file say so. Cleared when staff find the device honest.
+    flagged = models.CharField(max_length=500, blank=True, default="")
     submitted_at = models.DateTimeField(null=True, blank=True)  # when its result arrived (an arrival, for deadlines)
     accepted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -97,6 +97,19 @@ class Waiting:
         return self.kind != self.BUSY
 
 
+def job_flagged_updates(job: Job) -> list[dict]:
+    """The job's accepted updates put in doubt after the fact (WorkUnit.flagged: their device was caught on
+    other work), by round: whether each is in the model (aggregated before it was flagged, or nothing else came
+    in its round) or was left out."""
+    out = []
+    for unit in (WorkUnit.objects.filter(round__job=job).exclude(flagged="").select_related("round")
+                 .order_by("round__number", "index")):
+        left_out = unit.pk in (unit.round.metrics.get("flagged_left_out") or [])
+        out.append({"round": unit.round.number, "unit": unit.pk, "reason": unit.flagged,
+                    "in_model": unit.round.status == Round.Status.CLOSED and not left_out})
+    return out
+
+
 def span(seconds: float) -> str:
     """A length of time in words: "4 hours", "90 minutes", "30 seconds"."""
     seconds = round(seconds)

@@ -74,7 +74,8 @@ def job_detail(request, job_id: int, panels: Sequence[Panel] = ()):
     job = selectors.job_get(owner=request.user, job_id=job_id)
     state = {**progress.job_progress(job), **_panels(job, panels)}
     return render(request, "jobs/job.html", {"job": job, "state": state, "chart_metrics": progress.CHART_METRICS,
-                                             "model_input": selectors.model_input_note(job)})
+                                             "model_input": selectors.model_input_note(job),
+                                             "flagged": selectors.job_flagged_updates(job)})
 
 
 @role_required("customer")

@@ -119,7 +119,9 @@ class SimulatedDevice:
         assert response.status_code == 201, response.content
         return response.json()
 
-    def train(self, unit: dict) -> tuple[bytes, dict]:
+    def train(self, unit: dict, *, data=None) -> tuple[bytes, dict]:
+        """Train the unit as the reference client does; `data(X, y)` changes the shard first (a cheat that
+        trains on other data, with a chain of checkpoints true to that training)."""
         weights = b"".join(self.client.get(f"/api/worker/units/{unit['id']}/weights").streaming_content)
         shard = b"".join(self.client.get(f"/api/worker/units/{unit['id']}/shard").streaming_content)
         model = zoo.build_model(unit["template"], unit["model_config"])
@@ -130,6 +132,8 @@ class SimulatedDevice:
             self.base_bytes_downloaded = getattr(self, "base_bytes_downloaded", 0) + len(base)
             zoo.load_base(model, tensors.bytes_to_state_dict(base))
         xy = tensors.bytes_to_state_dict(shard)
+        if data is not None:
+            xy["X"], xy["y"] = data(xy["X"], xy["y"])
         started = datetime.now(UTC)
         store = self.stores[unit["id"]] = CheckpointStore(self._root, unit["id"])
         train = {k: v for k, v in unit["train"].items() if k != "segment_steps"}

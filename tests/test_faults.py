@@ -161,7 +161,10 @@ def site(django_db_setup, tmp_path_factory):
                    MUNINN_RESERVATION_SECONDS="8", MUNINN_FAILPOINTS="", MUNINN_WORKER_FAILPOINTS="",
                    # Stragglers' backups are not what these scenarios inject: a unit slowed by a loaded machine
                    # must not be re-issued under them (tests/test_scheduling.py covers backups).
-                   MUNINN_ROUND_DEADLINE_MIN_SECONDS="120")
+                   MUNINN_ROUND_DEADLINE_MIN_SECONDS="120",
+                   # Veterans' results accepted unchecked and charged by the credit task (kill_mid_credit) exist
+                   # only under a lowered check floor; new devices are checked every time at any floor.
+                   MUNINN_MIN_CHECK_RATE="0.05")
     try:
         with Stack(env=env, log_dir=log_dir) as stack:
             port = free_port()

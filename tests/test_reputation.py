@@ -1,4 +1,4 @@
-from contributors.reputation import draw, quarantine_due, reexecution_rate, should_reexecute
+from contributors.reputation import ADAPTIVE_MIN_RATE, draw, quarantine_due, reexecution_rate, should_reexecute
 
 
 def test_new_devices_are_always_reexecuted():
@@ -6,10 +6,15 @@ def test_new_devices_are_always_reexecuted():
     assert should_reexecute(0, 0.999)
 
 
-def test_rate_falls_with_the_streak_but_never_below_the_floor():
-    rates = [reexecution_rate(s) for s in range(5, 500)]
+def test_by_default_every_result_is_checked_however_long_the_streak():
+    assert all(reexecution_rate(s) == 1.0 for s in (0, 5, 70, 10**6))
+    assert should_reexecute(10**6, 0.999)
+
+
+def test_under_a_lowered_floor_the_rate_falls_with_the_streak_but_never_below_it():
+    rates = [reexecution_rate(s, min_rate=ADAPTIVE_MIN_RATE) for s in range(5, 500)]
     assert rates == sorted(rates, reverse=True)
-    assert reexecution_rate(9) == 0.5 and reexecution_rate(499) == 0.05
+    assert reexecution_rate(9, min_rate=0.05) == 0.5 and reexecution_rate(499, min_rate=0.05) == 0.05
 
 
 def test_draw_is_uniform_ish_stable_and_secret_dependent():

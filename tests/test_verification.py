@@ -344,7 +344,21 @@ def test_confirmed_failures_on_three_units_quarantine_the_device_but_one_unit_fa
         "lifted", "quarantined"]
 
 
-def test_trusted_devices_are_checked_rarely(customer_api, digits_dataset, make_device):
+def test_trusted_devices_have_every_result_checked_by_default(customer_api, digits_dataset, make_device):
+    device = make_device()
+    Device.objects.filter(pk=device.device.pk).update(verified_streak=10_000)
+    job = create_job(customer_api, digits_dataset["id"], rounds=5)
+
+    run_until_done([device], job["id"])
+
+    receipts = Receipt.objects.filter(status="accepted")
+    assert receipts.count() == 5 and all(receipt_was_checked(r) for r in receipts)
+    assert all(len(r.verification["segment_check"]["segments"]) == 1 for r in receipts)  # one segment each
+
+
+def test_under_a_lowered_check_floor_trusted_devices_are_checked_rarely(customer_api, digits_dataset, make_device,
+                                                                        settings):
+    settings.MUNINN_MIN_CHECK_RATE = 0.05
     device = make_device()
     Device.objects.filter(pk=device.device.pk).update(verified_streak=10_000)
     job = create_job(customer_api, digits_dataset["id"], rounds=20)

@@ -23,7 +23,7 @@ from .leases import (
 )
 from .units import (
     unit_train_spec, unit_steps, unit_work_samples, SUPERSEDED, unit_accept, unit_verified,
-    unit_backoff_seconds, unit_release, unit_reject,
+    unit_backoff_seconds, unit_release, unit_reject, units_flag, units_unflag,
 )
 from .waiting import jobs_check_waiting
 
@@ -58,6 +58,8 @@ __all__ = [
     "unit_work_samples",
     "SUPERSEDED",
     "unit_accept",
+    "units_flag",
+    "units_unflag",
     "unit_verified",
     "unit_backoff_seconds",
     "unit_release",

@@ -116,6 +116,10 @@ def round_aggregate(*, round_id: int) -> Round:
         accepted = list(rnd.units.filter(status=WorkUnit.Status.ACCEPTED).order_by("index"))
         if not accepted:
             return rnd
+        # Updates whose device was caught on other work since (units_flag) stay out while others are here.
+        clean = [u for u in accepted if not u.flagged]
+        left_out = [u.pk for u in accepted if u.flagged] if clean else []  # all flagged: they are all there is
+        accepted = clean or accepted
         states = [tensors.bytes_to_state_dict(storage.blob_get(u.result_sha256)) for u in accepted]
         samples = [u.result_samples for u in accepted]
         global_state = tensors.bytes_to_state_dict(storage.blob_get(rnd.weights_sha256))
@@ -137,6 +141,7 @@ def round_aggregate(*, round_id: int) -> Round:
             / sum(samples),
             "samples": sum(samples),
             "units": len(accepted),
+            **({"flagged_left_out": left_out} if left_out else {}),
         }
         rnd.units.filter(status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED]).update(
             status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None)

@@ -166,3 +166,16 @@ def unit_reject(*, unit_id: int) -> WorkUnit:
     unit.save()
     wakeups.units_queued_on_commit()
     return unit
+
+
+def units_flag(*, unit_ids, reason: str) -> int:
+    """Mark accepted updates whose device was caught on other work (WorkUnit.flagged). A round not aggregated
+    yet leaves them out (round_aggregate); one aggregated already keeps them, and the mark says so. Units
+    flagged already keep their first reason. Returns how many were marked."""
+    return (WorkUnit.objects.filter(pk__in=list(unit_ids), status=WorkUnit.Status.ACCEPTED, flagged="")
+            .update(flagged=reason[:500]))
+
+
+def units_unflag(*, unit_ids) -> int:
+    """Staff found the device honest (its held earnings released, its quarantine lifted): its marks go."""
+    return WorkUnit.objects.filter(pk__in=list(unit_ids)).exclude(flagged="").update(flagged="")

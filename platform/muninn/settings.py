@@ -236,6 +236,10 @@ MUNINN_UNIT_BACKOFF_MAX_SECONDS = env.float("MUNINN_UNIT_BACKOFF_MAX_SECONDS", d
 # A device has this long to upload the checkpoints of the segments the site challenged; past it, the check
 # counts as failed. Segment tolerances come from measurements (contributors/data/tolerances.json).
 MUNINN_CHALLENGE_SECONDS = env.int("MUNINN_CHALLENGE_SECONDS", default=300)
+# The share of a trusted device's results that get a segment check (contributors/reputation.py). 1 (default):
+# every result, so no update reaches a model unchecked. Lower trades that for validator time: a long streak is
+# then checked at this rate only, and work accepted unchecked that is later found suspect is only flagged.
+MUNINN_MIN_CHECK_RATE = env.float("MUNINN_MIN_CHECK_RATE", default=1.0)
 # The backends whose segments the site's validation workers re-run (set the same on the web processes and on
 # the Celery workers of the "validation" queue). The CPU validator re-runs CUDA segments within the tolerance
 # measured for other devices' arithmetic; a unit of a backend not listed is checked by a second device of that
