@@ -27,6 +27,11 @@ class Device(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Meta:
+        # A key signs for one device only (services.device_register refuses a taken one; this holds under a race).
+        constraints = [models.UniqueConstraint(fields=["public_key"], condition=~models.Q(public_key=""),
+                                               name="device_public_key_unique")]
+
     def __str__(self) -> str:
         return f"{self.name} (#{self.pk}, {self.owner})"
 

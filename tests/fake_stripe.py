@@ -75,12 +75,12 @@ class FakeStripe:
             return 200, {"id": sid, "object": "checkout.session", "mode": p["mode"], "status": "open",
                          "payment_status": "unpaid", "amount_total": amount,
                          "currency": item["price_data"]["currency"], "client_reference_id": p.get("client_reference_id"),
-                         "metadata": p.get("metadata", {}), "url": f"https://checkout.stripe.test/c/pay/{sid}"}
+                         "metadata": p.get("metadata", {}), "url": f"https://checkout.stripe.com/c/pay/{sid}"}
         if (method, path) == ("POST", "/v1/accounts"):
             return 200, {"id": f"acct_test{n:06d}", "object": "account", "type": p.get("type"),
                          "details_submitted": False, "payouts_enabled": False}
         if (method, path) == ("POST", "/v1/account_links"):
-            return 200, {"object": "account_link", "url": f"https://connect.stripe.test/setup/e/{p['account']}/{n}",
+            return 200, {"object": "account_link", "url": f"https://connect.stripe.com/setup/e/{p['account']}/{n}",
                          "expires_at": int(time.time()) + 300}
         if (method, path) == ("POST", "/v1/transfers"):
             if p["destination"] in self.failing_destinations:

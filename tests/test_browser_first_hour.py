@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from playwright import sync_api as playwright_sync
+from playwright.sync_api import expect
 
 from scripts.stack import ROOT, free_port
 
@@ -104,8 +105,9 @@ def test_a_new_customer_trains_a_model_on_make_runs_defaults_paid_by_the_demo_cr
         if page.input_value("#id_rounds") != "2":  # two rounds keep it short; the quote follows the form
             quoted = page.inner_text("#quote-hu")
             page.fill("#id_rounds", "2")
-            page.wait_for_function("quoted => !document.getElementById('accept-button').disabled && "
-                                   "document.getElementById('quote-hu').textContent !== quoted", arg=quoted)
+            # Locators, not wait_for_function: the site's Content-Security-Policy refuses a string evaluated in it.
+            expect(page.locator("#quote-hu")).not_to_have_text(quoted, timeout=30_000)
+            expect(page.locator("#accept-button")).to_be_enabled(timeout=30_000)
         shot(page, "first-hour-new-job")
         page.click("#accept-button")
         page.wait_for_url(re.compile(r".*/jobs/\d+/$"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import IntegrityError, transaction
 from muninn_worker import signing
 from rest_framework.test import APIClient
 
@@ -53,6 +54,26 @@ def test_a_public_key_already_registered_is_refused_on_any_account(contributor):
     for response in (again, elsewhere):
         assert response.status_code == 409 and response.json()["error"]["code"] == "public_key_taken"
     assert Device.objects.filter(public_key=key).count() == 1
+
+
+def test_the_database_refuses_a_second_device_with_a_taken_public_key(contributor):
+    """The service's check runs before its insert; two registrations racing past it meet the unique constraint."""
+    other = accounts.user_create(username="other", password="other-pass-123", role=User.Role.CONTRIBUTOR)
+    key = signing.public_key_of(signing.new_private_key())
+    Device.objects.create(owner=contributor, name="first", token_hash="a" * 64, public_key=key)
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Device.objects.create(owner=other, name="second", token_hash="b" * 64, public_key=key)
+
+    assert Device.objects.filter(public_key=key).count() == 1
+
+
+def test_devices_with_no_public_key_do_not_collide(contributor):
+    """Devices from before keys (public_key "") are not one key: the constraint leaves them alone."""
+    Device.objects.create(owner=contributor, name="old", token_hash="a" * 64)
+    Device.objects.create(owner=contributor, name="older", token_hash="b" * 64)
+
+    assert Device.objects.filter(public_key="").count() == 2
 
 
 def test_a_quarantined_owners_new_device_is_quarantined_too(contributor):

@@ -38,7 +38,7 @@ def test_the_new_job_page_offers_algorithm_and_encoding_with_their_defaults(clie
     assert '<option value="fedavg" selected>' in page and '<option value="diloco">' in page
     assert '<select name="update_encoding" id="id_update_encoding">' in page
     assert '<option value="fp32" selected>' in page and '<option value="int8">' in page
-    assert 'id="diloco-settings" style="border:none; padding:0; margin:0" hidden disabled' in page
+    assert 'id="diloco-settings" class="plain" hidden disabled' in page
     assert 'name="inner_steps" id="id_inner_steps" value="20"' in page  # DiLoCo's default, shown when chosen
 
 

@@ -180,7 +180,7 @@ def test_balance_page_says_when_stripe_is_not_configured(settings, customer_clie
 
 def test_topup_sends_the_customer_to_stripe_checkout(customer_client, fake_stripe):
     response = customer_client.post("/balance/topup", {"amount": "20.00"})
-    assert response.status_code == 302 and response["Location"].startswith("https://checkout.stripe.test/")
+    assert response.status_code == 302 and response["Location"].startswith("https://checkout.stripe.com/")
     assert fake_stripe.calls("/v1/checkout/sessions")[0].params["success_url"].endswith(
         f"/balance/?topup={TopUp.objects.get().pk}")
     too_small = customer_client.post("/balance/topup", {"amount": "1.00"}, follow=True)

@@ -51,7 +51,7 @@ def test_onboarding_creates_one_express_account_and_returns_a_link(contributor_a
     first = contributor_api.post("/api/payouts/onboarding")
     second = contributor_api.post("/api/payouts/onboarding")
 
-    assert first.status_code == 201 and first.json()["url"].startswith("https://connect.stripe.test/setup/")
+    assert first.status_code == 201 and first.json()["url"].startswith("https://connect.stripe.com/setup/")
     assert second.status_code == 201
     assert len(fake_stripe.calls("/v1/accounts")) == 1
     assert fake_stripe.calls("/v1/accounts")[0].params["type"] == "express"

@@ -43,7 +43,7 @@ def test_checkout_session_is_created_for_the_amount_in_cents(customer_api, fake_
     assert created[0].params["mode"] == "payment"
     assert created[0].headers["idempotency-key"] == f"topup-{topup['id']}"
     assert created[0].headers["stripe-version"] == "2026-10-28.endive"
-    assert topup["checkout_url"].startswith("https://checkout.stripe.test/")
+    assert topup["checkout_url"].startswith("https://checkout.stripe.com/")
     assert TopUp.objects.get().status == TopUp.Status.OPEN
 
 

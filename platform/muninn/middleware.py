@@ -1,4 +1,5 @@
-"""Request-wide guards: bodies over their endpoint's limit are refused before they are read."""
+"""Request-wide guards: bodies over their endpoint's limit are refused before they are read; every page carries
+the site's Content-Security-Policy."""
 from __future__ import annotations
 
 import re
@@ -58,3 +59,21 @@ def _refuse(request, status: int, code: str, message: str, detail: dict) -> Http
         response = HttpResponse(message, status=status, content_type="text/plain; charset=utf-8")
     response["Connection"] = "close"
     return response
+
+
+class ContentSecurityPolicyMiddleware:
+    """Send settings.MUNINN_CONTENT_SECURITY_POLICY with every HTML response (Django 5.2 has no CSP of its own;
+    6.0's django.middleware.csp can replace this). The pages load scripts and styles from static/ only and keep
+    no inline ones (tests/test_request_limits.py), so an injected <script> or handler runs nowhere."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if not response.get("Content-Type", "").startswith("text/html"):
+            return response
+        if settings.DEBUG and response.status_code in (404, 500):
+            return response  # Django's debug pages (DEBUG only) style and script themselves inline
+        response.headers.setdefault("Content-Security-Policy", settings.MUNINN_CONTENT_SECURITY_POLICY)
+        return response
