@@ -6,7 +6,7 @@ import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -41,20 +41,26 @@ def device_register(*, owner, name: str, capabilities: dict, public_key: str) ->
     with transaction.atomic():
         type(owner).objects.select_for_update().filter(pk=owner.pk).first()  # one registration per owner at a time
         if Device.objects.filter(public_key=public_key).exists():
-            raise Conflict("This public key is already registered to a device. Generate a new key pair for each "
-                           "device.", code="public_key_taken")
+            raise _key_taken()
         active = Device.objects.filter(owner=owner, is_active=True).count()
         if active >= settings.MUNINN_MAX_DEVICES_PER_ACCOUNT:
             raise DeviceLimit(f"This account already has {active} active devices, the most it may have. Ask "
                               "support to retire one you no longer use.",
                               detail={"limit": settings.MUNINN_MAX_DEVICES_PER_ACCOUNT})
         quarantined = Device.objects.filter(owner=owner, quarantined_at__isnull=False).order_by("id").first()
-        device = Device.objects.create(
-            owner=owner, name=name, token_hash=token_hash(token), capabilities=capabilities, public_key=public_key,
-            memory_bytes=capabilities.get("ram_bytes", 0), gpu_memory_bytes=max(gpu_memory, default=0),
-            flops_per_s=float(capabilities.get("flops_per_s") or 0.0),
-            samples_per_s=float(capabilities.get("samples_per_s") or 0.0), last_seen_at=timezone.now(),
-        )
+        try:
+            with transaction.atomic():  # a savepoint: another owner's registration may take the key first
+                device = Device.objects.create(
+                    owner=owner, name=name, token_hash=token_hash(token), capabilities=capabilities,
+                    public_key=public_key, memory_bytes=capabilities.get("ram_bytes", 0),
+                    gpu_memory_bytes=max(gpu_memory, default=0),
+                    flops_per_s=float(capabilities.get("flops_per_s") or 0.0),
+                    samples_per_s=float(capabilities.get("samples_per_s") or 0.0), last_seen_at=timezone.now(),
+                )
+        except IntegrityError:  # the unique constraint on the key (contributors/0010) decided the race
+            if not Device.objects.filter(public_key=public_key).exists():
+                raise
+            raise _key_taken() from None
         if quarantined is not None:
             device.quarantined_at = timezone.now()
             device.quarantine_reason = (f"registered while its owner's device #{quarantined.pk} is quarantined "
@@ -80,6 +86,11 @@ class LeaseLimit(MuninnError):
 class Quarantined(MuninnError):
     code = "device_quarantined"
     status = 403
+
+
+def _key_taken() -> Conflict:
+    return Conflict("This public key is already registered to a device. Generate a new key pair for each device.",
+                    code="public_key_taken")
 
 
 def unit_claim(*, device: Device) -> Claim | None:

@@ -1,8 +1,10 @@
 """Registering devices: a limit per account, one device per public key, and no way around a quarantine."""
 from __future__ import annotations
 
+import threading
+
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from muninn_worker import signing
 from rest_framework.test import APIClient
 
@@ -11,6 +13,7 @@ from accounts.models import User
 from contributors import reputation, selectors
 from contributors import services as contributors
 from contributors.models import Device
+from muninn.errors import Conflict
 
 from .conftest import CAPABILITIES, register_device
 
@@ -66,6 +69,36 @@ def test_the_database_refuses_a_second_device_with_a_taken_public_key(contributo
         Device.objects.create(owner=other, name="second", token_hash="b" * 64, public_key=key)
 
     assert Device.objects.filter(public_key=key).count() == 1
+
+
+def test_two_registrations_racing_with_one_key_end_in_one_device_and_a_409(contributor):
+    """Another owner's registration has inserted the key but not committed when this one checks: this one's check
+    sees nothing, its insert waits on the unique index, and once the other commits it is refused as taken."""
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
+    other = accounts.user_create(username="other", password="other-pass-123", role=User.Role.CONTRIBUTOR)
+    key = signing.public_key_of(signing.new_private_key())
+    inserted, commit = threading.Event(), threading.Event()
+
+    def racer():
+        try:
+            with transaction.atomic():
+                Device.objects.create(owner=other, name="racer", token_hash="r" * 64, public_key=key)
+                inserted.set()
+                commit.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=racer)
+    thread.start()
+    assert inserted.wait(10)
+    threading.Timer(0.5, commit.set).start()  # commits while this registration waits on the index
+    with pytest.raises(Conflict) as refused:
+        contributors.device_register(owner=contributor, name="box", capabilities=CAPABILITIES, public_key=key)
+    thread.join(10)
+
+    assert refused.value.code == "public_key_taken"
+    assert list(Device.objects.filter(public_key=key).values_list("owner", flat=True)) == [other.pk]
 
 
 def test_devices_with_no_public_key_do_not_collide(contributor):
