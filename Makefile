@@ -16,7 +16,9 @@ $(VENV)/.installed: pyproject.toml worker_client/pyproject.toml
 
 setup: $(VENV)/.installed
 
-migrate: setup
+migrate: setup  ## also makes the site's secret key (kept in $$MUNINN_VAR_DIR/secret-key, default var/)
+	@d="$${MUNINN_VAR_DIR:-var}"; mkdir -p "$$d"; [ -s "$$d/secret-key" ] || \
+	  (umask 077; $(PY) -c 'import secrets; print(secrets.token_urlsafe(50))' >"$$d/secret-key")
 	$(PY) manage.py migrate --noinput
 
 run: migrate  ## the platform on embedded defaults: web, Celery worker + beat, one local worker client

@@ -4,6 +4,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from muninn import throttles
 from muninn.errors import MuninnError
 
 from . import services
@@ -24,6 +25,7 @@ class SignupSerializer(serializers.Serializer):
 
 class SignupView(APIView):
     permission_classes = [AllowAny]
+    throttle_classes = [throttles.SignupAddressThrottle]
 
     def post(self, request):
         data = SignupSerializer(data=request.data)
@@ -42,6 +44,7 @@ class TokenView(APIView):
     """Exchange a username and password for the account's API token."""
 
     permission_classes = [AllowAny]
+    throttle_classes = list(throttles.LOGIN_THROTTLES)
 
     def post(self, request):
         data = TokenSerializer(data=request.data)

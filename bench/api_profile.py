@@ -72,7 +72,7 @@ def main() -> int:
         "CELERY_BROKER_URL": "memory://", "DEBUG": "false", "SECRET_KEY": "profile-benchmark-only",
         "ALLOWED_HOSTS": "testserver", "MUNINN_VAR_DIR": str(tmp), "MEDIA_ROOT": str(tmp / "media"),
         "MUNINN_MAX_DEVICES_PER_ACCOUNT": str(DEVICES),
-        "MUNINN_MIN_CHECK_RATE": load_world.CHECK_FLOOR,  # bench/load.py's world: veterans checked 5 % of the time
+        "MUNINN_MIN_CHECK_RATE": load_world.CHECK_FLOOR, "MUNINN_TLS": "false",  # bench/load.py's world: veterans checked 5 % of the time
     })
     from load_world import recreate_database
 

@@ -29,6 +29,8 @@ def environment(options: argparse.Namespace, tmp: Path) -> dict[str, str]:
         "DEBUG": "false", "SECRET_KEY": "load-benchmark-only", "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "MUNINN_MAX_DEVICES_PER_ACCOUNT": str(options.devices),  # one contributor account holds the whole fleet
         "MUNINN_MIN_CHECK_RATE": CHECK_FLOOR,
+        "MUNINN_TLS": "false",  # plain HTTP on this machine
+        "MUNINN_THROTTLE_DEVICE_REGISTRATION": "",  # the fleet registers through the API from one account at once
     }
 
 

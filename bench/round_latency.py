@@ -86,7 +86,7 @@ def run_fleet(options: argparse.Namespace, devices: int) -> dict:
         recreate_database(database_url)
     env = base_env(DJANGO_SETTINGS_MODULE="muninn.settings", MUNINN_VAR_DIR=str(tmp), DATABASE_URL=database_url,
                    CELERY_BROKER_URL=options.broker,
-                   MEDIA_ROOT=str(tmp / "media"), DEBUG="false", SECRET_KEY="round-latency-benchmark-only",
+                   MEDIA_ROOT=str(tmp / "media"), DEBUG="false", MUNINN_TLS="false", SECRET_KEY="round-latency-benchmark-only",
                    ALLOWED_HOSTS="127.0.0.1,localhost", MUNINN_MAX_DEVICES_PER_ACCOUNT=str(max(devices, 10)),
                    LOG_LEVEL="WARNING")
     os.environ.update(env)

@@ -16,6 +16,7 @@ from jobs import selectors as job_selectors
 from jobs import services as job_services
 from jobs import storage
 from jobs.hu import hu_str
+from muninn import throttles
 from muninn.errors import InvalidInput, NotFound, TooLarge
 
 from muninn_worker.segments import MAX_SEGMENTS
@@ -54,6 +55,7 @@ class DeviceRegisterSerializer(serializers.Serializer):
 
 
 class DeviceRegisterView(APIView):
+    throttle_classes = [throttles.DeviceRegistrationThrottle]
     authentication_classes = [TokenAuthentication]
     permission_classes = [IsContributor]
 
@@ -103,6 +105,7 @@ def unit_payload(claim: services.Claim) -> dict:
 
 
 class ClaimView(DeviceView):
+    throttle_classes = [throttles.ClaimThrottle]
     """A claim, held up to `wait` seconds (body {"wait": 25} or ?wait=25) until a unit is queued for the device."""
 
     def post(self, request):
@@ -188,6 +191,7 @@ class UnitBaseView(DeviceView):
 
 
 class HeartbeatView(DeviceView):
+    throttle_classes = [throttles.HeartbeatThrottle]
     def post(self, request, unit_id: int):
         expires = services.unit_heartbeat(device=request.auth, unit_id=unit_id)
         return Response({"lease_expires_at": expires.isoformat().replace("+00:00", "Z"),

@@ -23,6 +23,14 @@ from .models import Device, DeviceEvent, Lease, PeerCheck
 log = logging.getLogger(__name__)
 
 
+class PublicKeyTaken(Conflict):
+    code = "public_key_taken"
+
+    def __init__(self):
+        super().__init__("This public key is already registered to a device. Generate a new key pair for each "
+                         "device.")
+
+
 class DeviceLimit(MuninnError):
     code = "too_many_devices"
     status = 403
@@ -41,7 +49,7 @@ def device_register(*, owner, name: str, capabilities: dict, public_key: str) ->
     with transaction.atomic():
         type(owner).objects.select_for_update().filter(pk=owner.pk).first()  # one registration per owner at a time
         if Device.objects.filter(public_key=public_key).exists():
-            raise _key_taken()
+            raise PublicKeyTaken()
         active = Device.objects.filter(owner=owner, is_active=True).count()
         if active >= settings.MUNINN_MAX_DEVICES_PER_ACCOUNT:
             raise DeviceLimit(f"This account already has {active} active devices, the most it may have. Ask "
@@ -60,7 +68,7 @@ def device_register(*, owner, name: str, capabilities: dict, public_key: str) ->
         except IntegrityError:  # the unique constraint on the key (contributors/0010) decided the race
             if not Device.objects.filter(public_key=public_key).exists():
                 raise
-            raise _key_taken() from None
+            raise PublicKeyTaken() from None
         if quarantined is not None:
             device.quarantined_at = timezone.now()
             device.quarantine_reason = (f"registered while its owner's device #{quarantined.pk} is quarantined "
@@ -86,11 +94,6 @@ class LeaseLimit(MuninnError):
 class Quarantined(MuninnError):
     code = "device_quarantined"
     status = 403
-
-
-def _key_taken() -> Conflict:
-    return Conflict("This public key is already registered to a device. Generate a new key pair for each device.",
-                    code="public_key_taken")
 
 
 def unit_claim(*, device: Device) -> Claim | None:

@@ -26,8 +26,9 @@ worker_config="$VAR/worker-client.json"
 worker_cmd=("$PY" -m muninn_worker run --config "$worker_config" --server "$URL" --cache-dir "$VAR/worker-cache")
 
 # The site as its users meet it: DEBUG off, so errors are the site's own 403/404/500 pages rather than Django's
-# debug pages (whitenoise still serves the static files). Set DEBUG=true to get the debug pages back.
-export DEBUG="${DEBUG:-false}" ALLOWED_HOSTS="${ALLOWED_HOSTS:-$HOST,localhost,127.0.0.1}"
+# debug pages (whitenoise still serves the static files). Set DEBUG=true to get the debug pages back. Plain HTTP
+# on this machine: MUNINN_TLS=false (no HTTPS redirect, cookies not marked Secure).
+export DEBUG="${DEBUG:-false}" MUNINN_TLS="${MUNINN_TLS:-false}" ALLOWED_HOSTS="${ALLOWED_HOSTS:-$HOST,localhost,127.0.0.1}"
 [ -s "$VAR/secret-key" ] || (umask 077; $PY -c 'import secrets; print(secrets.token_urlsafe(50))' >"$VAR/secret-key")
 export SECRET_KEY="${SECRET_KEY:-$(cat "$VAR/secret-key")}"
 

@@ -34,6 +34,14 @@ def _isolated_media(settings, tmp_path):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with empty rate-limit counters (muninn/throttles.py): tests must not throttle each other."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@pytest.fixture(autouse=True)
 def _eager_celery():
     """In-process tests run tasks at once; the end-to-end tests switch this off and use a real worker."""
     celery_app.conf.task_always_eager = True

@@ -46,6 +46,7 @@ def _source_codes() -> dict[str, set[int]]:
         pending += cls.__subclasses__()
         if cls.__module__.startswith(("contributors.", "muninn.")):  # not billing's or jobs' own
             codes.setdefault(cls.code, set()).add(cls.status)
+    codes.setdefault("throttled", set()).add(429)  # DRF's Throttled, from the throttles of muninn/throttles.py
     return codes
 
 

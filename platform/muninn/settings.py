@@ -15,14 +15,30 @@ env = environ.Env()
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
-DEBUG = env.bool("DEBUG", default=True)
-SECRET_KEY = env.str("SECRET_KEY", default="") or (
+# Off unless set: a deployment that forgets it serves the site's own error pages, never Django's debug pages.
+# `make run`, `make demo` and the tests set it explicitly.
+DEBUG = env.bool("DEBUG", default=False)
+# SECRET_KEY, or the key `make run` keeps in MUNINN_VAR_DIR/secret-key (so the management commands it prints
+# work from a plain shell), or with DEBUG on a fixed development key.
+_key_file = VAR_DIR / "secret-key"
+SECRET_KEY = env.str("SECRET_KEY", default="") or (_key_file.read_text().strip() if _key_file.is_file() else "") or (
     "insecure-dev-key-only-for-debug" if DEBUG else None
 )
 if not SECRET_KEY:
     raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# Served over TLS (the default with DEBUG off): cookies only over HTTPS, plain HTTP redirected, HSTS for a year.
+# MUNINN_TLS=false for a site on plain HTTP (`make run` on localhost). Behind a proxy that terminates TLS, set
+# MUNINN_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO (the header it sets to "https"), and MUNINN_NUM_PROXIES to
+# how many proxies add to X-Forwarded-For (the throttles count the client's address).
+MUNINN_TLS = env.bool("MUNINN_TLS", default=not DEBUG)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = MUNINN_TLS
+SECURE_HSTS_SECONDS = env.int("MUNINN_HSTS_SECONDS", default=365 * 24 * 3600 if MUNINN_TLS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = env.bool("MUNINN_HSTS_SUBDOMAINS", default=MUNINN_TLS)
+if _proxy_header := env.str("MUNINN_PROXY_SSL_HEADER", default=""):
+    SECURE_PROXY_SSL_HEADER = (_proxy_header, "https")
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # a load balancer's health check speaks plain HTTP
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -49,6 +65,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "muninn.throttles.LoginThrottleMiddleware",  # the login, admin login and sign-up forms' rate limits
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -141,7 +158,21 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "muninn.errors.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {},
+    "NUM_PROXIES": env.int("MUNINN_NUM_PROXIES", default=None),
 }
+# Rate limits per scope (muninn/throttles.py), DRF's "N/period"; "" turns a scope off. MUNINN_THROTTLE_<SCOPE>
+# (upper case, "-" as "_") overrides one, e.g. MUNINN_THROTTLE_CLAIM=1200/min.
+MUNINN_THROTTLES = {scope: env.str("MUNINN_THROTTLE_" + scope.upper().replace("-", "_"), default=rate) for scope, rate in {
+    "login-address": "30/min",  # logins and token requests from one address
+    "login-username": "10/min",  # ... and for one username, from anywhere
+    "signup-address": "10/hour",  # new accounts from one address
+    "device-registration": "30/hour",  # new devices of one account (at most MUNINN_MAX_DEVICES_PER_ACCOUNT active)
+    "claim": "600/min",  # one device's claims: an honest client claims after each unit or a 25 s long poll
+    "heartbeat": "600/min",  # one device's heartbeats (every few seconds per held unit)
+}.items()}
+# The cache the throttles count in: CACHE_URL (redis://host:6379/1: shared by every web process, as a site on
+# several machines needs); by default each process's memory (one machine).
+CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 SPECTACULAR_SETTINGS = {"TITLE": "Muninn API", "VERSION": "0.1.0"}
 
 # --- Celery ---------------------------------------------------------------------------------------
