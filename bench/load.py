@@ -318,28 +318,16 @@ def _credit_owed() -> dict:
 # --- Double leases seen by the database -----------------------------------------------------------
 
 def _database_double_leases() -> dict:
-    """Units whose Lease rows overlap in time. A lease is valid from its creation until its receipt (the
-    result that ended it), or else until it expires; heartbeats only make that longer, so this is a floor
-    on each lease's validity and any overlap found is a real double lease."""
-    from datetime import timedelta
-
-    from django.conf import settings
+    """Units whose Lease rows overlap in time (contributors.selectors.units_leased_twice)."""
     from django.db import connection
     from django.db.models import Count
 
     from contributors.models import Lease, Receipt
+    from contributors.selectors import units_leased_twice
 
     connection.close()  # the server wrote meanwhile; start a fresh connection
-    base = timedelta(seconds=settings.MUNINN_LEASE_SECONDS)
-    multi = list(Lease.objects.values("unit_id").annotate(n=Count("id")).filter(n__gt=1).values_list("unit_id",
-                                                                                                        flat=True))
-    ends = dict(Receipt.objects.filter(lease__unit_id__in=multi).values_list("lease_id", "created_at"))
-    doubles = 0
-    for unit_id in multi:
-        leases = list(Lease.objects.filter(unit_id=unit_id).order_by("created_at", "id"))
-        if any(b.created_at < ends.get(a.pk, a.created_at + base) for a, b in zip(leases, leases[1:])):
-            doubles += 1
-    return {"leases": Lease.objects.count(), "units_leased_again": len(multi), "double_leases": doubles,
+    multi = Lease.objects.values("unit_id").annotate(n=Count("id")).filter(n__gt=1).count()
+    return {"leases": Lease.objects.count(), "units_leased_again": multi, "double_leases": len(units_leased_twice()),
             "receipts": dict(Receipt.objects.values_list("status").annotate(n=Count("id")).order_by())}
 
 

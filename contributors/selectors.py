@@ -182,3 +182,19 @@ def devices_holding_earnings() -> list[dict]:
             for d in Device.objects.filter(quarantined_at__isnull=True, events__kind=DeviceEvent.Kind.EARNINGS_HELD)
             .distinct().select_related("owner").order_by("-pk"))
     return [row for row in rows if row["held"]]
+
+
+def units_leased_twice(*, lease_seconds: float | None = None) -> list[int]:
+    """Units whose Lease rows overlap in time: each a real double lease. A lease is valid from its creation until
+    its receipt (the result that ended it), or else until it expires; heartbeats only make that longer, so this is
+    a floor on each lease's validity and any overlap found is real. For benches and tests, not the hot path."""
+    base = timedelta(seconds=settings.MUNINN_LEASE_SECONDS if lease_seconds is None else lease_seconds)
+    multi = list(Lease.objects.values("unit_id").annotate(n=Count("id")).filter(n__gt=1)
+                 .values_list("unit_id", flat=True))
+    ends = dict(Receipt.objects.filter(lease__unit_id__in=multi).values_list("lease_id", "created_at"))
+    doubles = []
+    for unit_id in multi:
+        leases = list(Lease.objects.filter(unit_id=unit_id).order_by("created_at", "id"))
+        if any(b.created_at < ends.get(a.pk, a.created_at + base) for a, b in zip(leases, leases[1:])):
+            doubles.append(unit_id)
+    return doubles

@@ -65,14 +65,15 @@ class Stack:
         wait_http(f"{url}/healthz")
         return url
 
-    def celery_worker(self, name: str = "celery-worker", env: dict[str, str] | None = None) -> subprocess.Popen:
+    def celery_worker(self, name: str = "celery-worker", env: dict[str, str] | None = None, *,
+                      queues: str = "celery,validation") -> subprocess.Popen:
         return self.spawn(name, [str(VENV_BIN / "celery"), "-A", "muninn", "worker", "--loglevel=INFO",
                                  "--concurrency=1", "--pool=solo", "--without-mingle", "--without-gossip",
-                                 "--queues", "celery,validation"], env)
+                                 "--hostname", f"{name}@%h", "--queues", queues], env)
 
-    def celery_beat(self) -> subprocess.Popen:
+    def celery_beat(self, env: dict[str, str] | None = None) -> subprocess.Popen:
         return self.spawn("celery-beat", [str(VENV_BIN / "celery"), "-A", "muninn", "beat", "--loglevel=INFO",
-                                          "--schedule", str(self.log_dir / "celerybeat-schedule")])
+                                          "--schedule", str(self.log_dir / "celerybeat-schedule")], env)
 
     def register_device(self, server: str, account_token: str, name: str) -> Path:
         config = self.log_dir / f"{name}.json"
