@@ -7,4 +7,5 @@ build goes first, or pip would pull the multi-GB CUDA build as the client's depe
 PYTHON = "3.11"  # what the client is tested on (worker_client/pyproject.toml's requires-python)
 TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 CLIENT = "pip install ./worker_client"
+UPGRADE = "pip install --upgrade ./worker_client"  # what a client too old for the site is told (contributors/versions.py)
 RUN = "muninn-worker run"

@@ -47,6 +47,9 @@ def _source_codes() -> dict[str, set[int]]:
         if cls.__module__.startswith(("contributors.", "muninn.")):  # not billing's or jobs' own
             codes.setdefault(cls.code, set()).add(cls.status)
     codes.setdefault("throttled", set()).add(429)  # DRF's Throttled, from the throttles of muninn/throttles.py
+    versions = (ROOT / "contributors" / "versions.py").read_text()  # its middleware answers before any view
+    for code, status in re.findall(r'error_body\(\s*"([a-z_]+)".*?status=(\d+)\)', versions, re.DOTALL):
+        codes.setdefault(code, set()).add(int(status))
     return codes
 
 

@@ -66,6 +66,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "muninn.throttles.LoginThrottleMiddleware",  # the login, admin login and sign-up forms' rate limits
+    "contributors.versions.WorkerVersionMiddleware",  # 426 for a worker client older than the site speaks to
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -275,6 +276,8 @@ MUNINN_UNIT_BACKOFF_MAX_SECONDS = env.float("MUNINN_UNIT_BACKOFF_MAX_SECONDS", d
 # A device has this long to upload the checkpoints of the segments the site challenged; past it, the check
 # counts as failed. Segment tolerances come from measurements (contributors/data/tolerances.json).
 MUNINN_CHALLENGE_SECONDS = env.int("MUNINN_CHALLENGE_SECONDS", default=300)
+# The oldest worker client the site still speaks to: an older one is answered 426 with its upgrade command.
+MUNINN_MIN_WORKER_VERSION = env.str("MUNINN_MIN_WORKER_VERSION", default="0.1.0")
 # The share of a trusted device's results that get a segment check (contributors/reputation.py). 1 (default):
 # every result, so no update reaches a model unchecked. Lower trades that for validator time: a long streak is
 # then checked at this rate only, and work accepted unchecked that is later found suspect is only flagged.

@@ -40,6 +40,15 @@ class ApiError(Exception):
         self.detail = detail
 
 
+class ClientTooOld(Exception):
+    """The site answered 426: this client is older than it speaks to. Not an ApiError, so that no unit's error
+    handling swallows it: the client says how to upgrade and stops."""
+
+    def __init__(self, message: str, upgrade: str | None = None):
+        super().__init__(message)
+        self.message, self.upgrade = message, upgrade
+
+
 class NetworkError(ApiError):
     """The site could not be reached (connection refused, DNS, timeouts) even after retrying."""
 
@@ -213,6 +222,9 @@ class ApiClient:
         response = self._retry(
             lambda: self._session().request(method, url, headers=headers, timeout=timeout, **kwargs)
         )
+        if response.status_code == 426:
+            error = _error_from(response)
+            raise ClientTooOld(error.message, (error.detail or {}).get("upgrade"))
         if response.status_code not in expected:
             raise _error_from(response)
         return response

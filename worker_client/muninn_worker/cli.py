@@ -61,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: choose a command: register, run or probe (see `{PROG} --help`)", file=sys.stderr)
         return 2
     _configure_logging()
+    from muninn_worker.api import ClientTooOld
+
     try:
         return args.handler(args)
     except _Exit as exc:
@@ -69,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except ClientTooOld as exc:  # the site answered 426: nothing this version sends will do
+        print(f"{PROG}: {exc.message}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; a unit in progress goes back to the queue when its lease expires",
               file=sys.stderr)
