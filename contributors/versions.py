@@ -45,7 +45,7 @@ class WorkerVersionMiddleware:
             version = client_version(request.META)
             if too_old(version):
                 minimum = settings.MUNINN_MIN_WORKER_VERSION
-                upgrade = install.UPGRADE
+                upgrade = install.upgrade(request.build_absolute_uri("/"))
                 return JsonResponse(error_body(
                     "client_too_old", f"This site needs muninn-worker {minimum} or newer; this is {version}. "
                                       f"Upgrade it with `{upgrade}`, then start it again.",

@@ -3,12 +3,14 @@ review queue with its evidence, device moderation). Thin doors into the services
 is made on the admin's review page (contributors/admin.py), which these pages link to."""
 from __future__ import annotations
 
+import logging
+
 from datetime import timedelta
 from decimal import Decimal
 
 from django.conf import settings
 from django.contrib import messages
-from django.http import HttpResponse
+from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -25,9 +27,11 @@ from jobs.models import Job
 from jobs.selectors import job_waiting_reason
 from muninn.errors import MuninnError
 
-from . import install, reputation, selectors, services
+from . import install, reputation, selectors, services, wheel
 from .admin import payout_evidence
 from .models import Device, DeviceEvent
+
+log = logging.getLogger(__name__)
 
 # "Held for review" is earnings of a quarantined device's unverified work, waiting for staff; "payout in review"
 # is a payout the contributor asked for, waiting for staff. Two different reviews, two names.
@@ -67,7 +71,8 @@ def contribute(request):
     balances = ledger.balances_for(user=user)
     context = {
         "server": _server_url(request), "token": accounts.token_for(user=user), "devices": devices,
-        "install": {"python": install.PYTHON, "torch": install.TORCH, "client": install.CLIENT, "run": install.RUN},
+        "install": {"python": install.PYTHON, "commands": "\n".join(install.commands(_server_url(request))),
+                    "run": install.RUN},
         "earnings": [(label, balances.get(kind, 0)) for label, kind in EARNINGS],
         "payouts": ledger.payouts_for(contributor=user)[:50], "payout_account": ledger.payout_account_for(
             contributor=user), "stripe_enabled": stripe_gateway.is_configured(),
@@ -186,3 +191,18 @@ def device_forfeit_held(request, device_id: int):
     """Staff decided a device's held work was fraudulent: its held earnings go back to the customers."""
     return _held_earnings_decision(request, device_id, services.device_forfeit_held_earnings, lambda device, n: (
         f"Forfeited the held earnings of {n} unit(s) of {device.name} (#{device.pk}) and refunded the customers."))
+
+
+def worker_wheel(request, filename: str):
+    """The worker client's wheel (contributors/wheel.py), public: what `pip install <site>/downloads/<wheel>`
+    fetches. Any other file name is a 404."""
+    if filename != wheel.wheel_name():
+        raise Http404("No such download.")
+    try:
+        path = wheel.wheel_path()
+    except wheel.WheelUnavailable as e:
+        log.error("worker wheel: %s", e)
+        return HttpResponse("The worker client cannot be downloaded right now; try again later.", status=503,
+                            content_type="text/plain")
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=filename,
+                        content_type="application/octet-stream")

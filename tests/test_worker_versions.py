@@ -28,8 +28,8 @@ def test_a_client_older_than_the_site_supports_gets_426_with_the_upgrade(contrib
         assert answer.status_code == 426, path
         error = answer.json()["error"]
         assert error["code"] == "client_too_old" and error["detail"] == {
-            "minimum": "0.2.0", "version": "0.1.0", "upgrade": install.UPGRADE}
-        assert install.UPGRADE in error["message"]
+            "minimum": "0.2.0", "version": "0.1.0", "upgrade": install.upgrade("http://testserver")}
+        assert install.upgrade("http://testserver") in error["message"]
 
 
 def test_a_current_client_or_one_that_names_no_version_is_served(contributor, settings):
@@ -56,5 +56,5 @@ def test_the_worker_client_prints_the_upgrade_and_exits(contributor, settings, l
                           "--max-units", "1"], capture_output=True, text=True, timeout=120)
 
     assert run.returncode == 3, run.stderr
-    assert "needs muninn-worker 99.0 or newer" in run.stderr and install.UPGRADE in run.stderr
+    assert "needs muninn-worker 99.0 or newer" in run.stderr and install.upgrade(live_server.url) in run.stderr
     assert "Traceback" not in run.stderr

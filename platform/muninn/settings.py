@@ -278,6 +278,9 @@ MUNINN_UNIT_BACKOFF_MAX_SECONDS = env.float("MUNINN_UNIT_BACKOFF_MAX_SECONDS", d
 MUNINN_CHALLENGE_SECONDS = env.int("MUNINN_CHALLENGE_SECONDS", default=300)
 # The oldest worker client the site still speaks to: an older one is answered 426 with its upgrade command.
 MUNINN_MIN_WORKER_VERSION = env.str("MUNINN_MIN_WORKER_VERSION", default="0.1.0")
+# The worker client's wheel the site serves at /downloads/: built from worker_client/ on first request (or by
+# `manage.py build_worker_wheel` at release), unless this names one built elsewhere.
+MUNINN_WORKER_WHEEL = env.str("MUNINN_WORKER_WHEEL", default="")
 # The share of a trusted device's results that get a segment check (contributors/reputation.py). 1 (default):
 # every result, so no update reaches a model unchecked. Lower trades that for validator time: a long streak is
 # then checked at this rate only, and work accepted unchecked that is later found suspect is only flagged.
