@@ -184,7 +184,10 @@ class Device:
         """The same upload sent again answers with the result's standing, and its earnings once posted."""
         deadline = time.monotonic() + timeout
         while True:
-            answer = self.post_result(unit_id, upload, text)
+            try:
+                answer = self.post_result(unit_id, upload, text)
+            except Disagreement as e:  # a refused result is no longer live: the upload is taken as a new one
+                raise Disagreement(f"unit {unit_id} was refused after its segment check ({e})") from None
             if answer["status"] == "accepted" and answer.get("credit") == "posted":
                 expect(answer["earned_nanos"] > 0 and answer["challenge"] is None, f"credited: {answer}")
                 return {"status": "accepted", "earned_nanos": answer["earned_nanos"], "earned": answer["earned"],
