@@ -1,8 +1,8 @@
 """docs/worker-protocol.md stays true: a client written from the document alone (tests/conformance/client.py, which
-refuses to import the reference client or the site) works units of three real `mlp` jobs on a live stack
+refuses to import the reference client or the site) works units of four real `mlp` jobs on a live stack
 (gunicorn and a Celery worker on PostgreSQL and Redis), as a separate process over HTTP: FedAvg in fp32 with
-momentum, FedAvg in int8 without momentum, DiLoCo in fp16. Every result is challenged; the client answers, and
-each unit must end accepted after its segment check with its earnings posted."""
+momentum, FedAvg in int8 without momentum, DiLoCo in fp16, and a regression. Every result is challenged; the client
+answers, and each unit must end accepted after its segment check with its earnings posted."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from django.utils import timezone
+from sklearn.datasets import load_diabetes
 
 from accounts import services as accounts
 from billing import selectors as ledger
@@ -31,14 +32,26 @@ HERE = Path(__file__).resolve().parent
 CLIENT = HERE / "client.py"
 CLIENT_FILES = ("client.py", "mlp.py", "wire.py")
 FORBIDDEN = ("muninn_worker", "muninn", "contributors", "jobs", "accounts", "billing", "worker_client", "tests")
-# One job of each encoding, optimizer state and algorithm (mlp segments are 8 steps): fp32 trains ~20 steps (three
-# segments, the last one short); int8 fewer than 8, so its one segment is challenged and the device sends its last
-# checkpoint, whose weights the site must encode to exactly the upload; DiLoCo's 12 inner steps make two segments.
+# One job of each encoding, optimizer state, algorithm and task (mlp segments are 8 steps): fp32 trains ~20 steps
+# (three segments, the last one short); int8 fewer than 8, so its one segment is challenged and the device sends its
+# last checkpoint, whose weights the site must encode to exactly the upload; DiLoCo's 12 inner steps make two
+# segments; the regression (a table with a numeric target) trains ~6.
 JOBS = {
-    "fp32": {"hparams": {"hidden": [32], "epochs": 2, "batch_size": 32, "momentum": 0.9}},
-    "int8": {"hparams": {"hidden": [32, 16], "epochs": 1, "batch_size": 64, "momentum": 0.0}},
-    "fp16": {"hparams": {"hidden": [32], "batch_size": 32}, "algorithm": "diloco", "inner_steps": 12},
+    "fp32": ("digits", {"update_encoding": "fp32",
+                        "hparams": {"hidden": [32], "epochs": 2, "batch_size": 32, "momentum": 0.9}}),
+    "int8": ("digits", {"update_encoding": "int8",
+                        "hparams": {"hidden": [32, 16], "epochs": 1, "batch_size": 64, "momentum": 0.0}}),
+    "diloco-fp16": ("digits", {"update_encoding": "fp16", "algorithm": "diloco", "inner_steps": 12,
+                               "hparams": {"hidden": [32], "batch_size": 32}}),
+    "regression": ("diabetes", {"update_encoding": "fp32",
+                                "hparams": {"hidden": [16], "epochs": 1, "batch_size": 64, "lr": 0.005}}),
 }
+
+
+def diabetes_csv() -> bytes:
+    diabetes = load_diabetes()
+    rows = [",".join([*map(repr, x), str(int(t))]) for x, t in zip(diabetes.data.tolist(), diabetes.target)]
+    return ("\n".join([",".join([*diabetes.feature_names, "progression"]), *rows]) + "\n").encode()
 
 
 def test_the_client_imports_nothing_of_the_repository():
@@ -83,14 +96,16 @@ def test_a_client_written_from_the_protocol_document_is_credited_for_every_unit(
                          env={**stack.env, "MUNINN_ACCOUNT_TOKEN": accounts.token_for(user=contributor)})
     wait_until_polling(["conformance"], timezone.now() - timezone.timedelta(seconds=1), timeout=60)
     api = customer_session(customer)
-    dataset = api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz(400))}).json()["id"]
+    datasets = {name: api.post(f"{url}/api/datasets", files={"file": upload}).json()["id"]
+                for name, upload in (("digits", ("digits.npz", digits_npz(400))),
+                                     ("diabetes", ("diabetes.csv", diabetes_csv())))}
 
     started = {}
-    for encoding, fields in JOBS.items():
-        response = api.post(f"{url}/api/jobs", json={"dataset": dataset, "template": "mlp", "rounds": 1, "seed": 3,
-                                                     "update_encoding": encoding, "start": True, **fields})
+    for name, (dataset, fields) in JOBS.items():
+        response = api.post(f"{url}/api/jobs", json={"dataset": datasets[dataset], "template": "mlp", "rounds": 1,
+                                                     "seed": 3, "start": True, **fields})
         assert response.status_code == 201, response.text
-        started[encoding] = response.json()
+        started[response.json()["id"]] = name
     try:
         rc = client.wait(timeout=90)
     except subprocess.TimeoutExpired:
@@ -100,10 +115,11 @@ def test_a_client_written_from_the_protocol_document_is_credited_for_every_unit(
 
     assert rc == 0, logs
     units = [json.loads(line[len("UNIT "):]) for line in out.splitlines() if line.startswith("UNIT ")]
-    assert sorted(u["encoding"] for u in units) == sorted(JOBS), out
+    by_job = {started[u["job"]]: u for u in units}
+    assert sorted(by_job) == sorted(JOBS), out
     assert all(u["status"] == "accepted" and u["earned_nanos"] > 0 for u in units), out
-    by_encoding = {u["encoding"]: u for u in units}
-    assert by_encoding["fp32"]["steps"] % 8 and by_encoding["int8"]["segments"] == [0], units
+    assert by_job["fp32"]["steps"] % 8 and by_job["int8"]["segments"] == [0], units
+    assert by_job["regression"]["task"] == "regression" and by_job["diloco-fp16"]["algorithm"] == "diloco", units
     device = Device.objects.get(name="conformance")
     for unit in units:
         receipt = Receipt.objects.get(unit_id=unit["unit"], device=device)
@@ -114,7 +130,7 @@ def test_a_client_written_from_the_protocol_document_is_credited_for_every_unit(
         assert ledger.unit_earned(unit=receipt.unit) == unit["earned_nanos"]
     assert ledger.balances_for(user=contributor)["contributor_pending"] == sum(u["earned_nanos"] for u in units)
     assert device.failures == 0 and device.quarantined_at is None
-    for job in started.values():
-        ended = wait_until_ended(api, url, job, timeout=30)
+    for job_id in started:
+        ended = wait_until_ended(api, url, {"id": job_id, "status": "running"}, timeout=30)
         assert ended["status"] == "succeeded", (ended, logs)
-        invariants.assert_ledger_invariants(Job.objects.get(pk=job["id"]))
+        invariants.assert_ledger_invariants(Job.objects.get(pk=job_id))
