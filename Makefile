@@ -36,7 +36,9 @@ test-fast: setup  ## for quick local runs: everything but the real-process suite
 bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate.py), aiohttp (bench/load.py)
 	# --no-deps: flwr pins packaging<26 (kombu pins 26.3) and pulls ~35 server packages; this is the minimal
 	# set under which `flwr.server.strategy.aggregate` imports and runs.
-	$(PIP) install --quiet --no-deps flwr==1.41.0 protobuf==6.33.6 grpcio==1.85.1 httpx==0.28.1 typer==0.20.1 \
+	# httpx comes whole (httpcore, h11, anyio): the stripe library builds an httpx client when httpx imports.
+	$(PIP) install --quiet --no-deps flwr==1.41.0 protobuf==6.33.6 grpcio==1.85.1 httpx==0.28.1 httpcore==1.0.9 \
+	  h11==0.16.0 anyio==4.16.0 typer==0.20.1 \
 	  rich==14.3.4 pycryptodome==3.24.1 cryptography==50.0.2 cffi==2.1.1 iterators==0.0.2
 	# aiohttp: bench/load.py's 200 simulated devices on one core (attrs, idna, typing_extensions are already in).
 	$(PIP) install --quiet --no-deps aiohttp==3.14.3 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 \
