@@ -101,13 +101,21 @@ def job_flagged_updates(job: Job) -> list[dict]:
     """The job's accepted updates put in doubt after the fact (WorkUnit.flagged: their device was caught on
     other work), by round: whether each is in the model (aggregated before it was flagged, or nothing else came
     in its round) or was left out."""
-    out = []
-    for unit in (WorkUnit.objects.filter(round__job=job).exclude(flagged="").select_related("round")
-                 .order_by("round__number", "index")):
-        left_out = unit.pk in (unit.round.metrics.get("flagged_left_out") or [])
-        out.append({"round": unit.round.number, "unit": unit.pk, "reason": unit.flagged,
-                    "in_model": unit.round.status == Round.Status.CLOSED and not left_out})
-    return out
+    return [{"round": unit.round.number, "unit": unit.pk, "reason": unit.flagged,
+             "in_model": unit_in_model(unit, unit.round)}
+            for unit in (WorkUnit.objects.filter(round__job=job).exclude(flagged="").select_related("round")
+                         .order_by("round__number", "index"))]
+
+
+def unit_in_model(unit: WorkUnit, rnd: Round) -> bool:
+    """Whether the unit's update is in its round's combined weights (Round.combined). A round closed before that
+    was kept: accepted by the time the round closed and not left out for a flag."""
+    if rnd.status != Round.Status.CLOSED:
+        return False
+    if rnd.combined:
+        return unit.pk in rnd.combined
+    return (unit.pk not in (rnd.metrics.get("flagged_left_out") or []) and unit.accepted_at is not None
+            and rnd.closed_at is not None and unit.accepted_at <= rnd.closed_at)
 
 
 def span(seconds: float) -> str:
