@@ -2,7 +2,8 @@
 
 Settings come from CLI flag > environment variable > config file > default. A mistake the user can fix
 (bad flag, no registered device, unreadable config) exits 2 with one sentence; a refusal by the server, or a
-certificate that fails its check, exits 1; Ctrl-C exits 130. Heavy imports (torch) happen after parsing, so flag errors answer at once.
+certificate that fails its check, exits 1; Ctrl-C exits 130. Heavy imports (torch) happen after parsing, so flag
+errors answer at once.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The offline certificate check on a hand-made certificate (the site's own are checked in tests/test_certificate.py)."""
+"""The offline certificate check on a hand-made certificate (the site's own: tests/test_certificate.py)."""
 
 from __future__ import annotations
 
