@@ -3,7 +3,7 @@ import io
 
 from django.conf import settings
 from django.db import transaction
-from django.http import FileResponse
+from django.http import FileResponse, HttpResponse
 from rest_framework import serializers
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
@@ -11,9 +11,9 @@ from rest_framework.views import APIView
 
 from accounts.permissions import IsCustomer
 from muninn.errors import TooLarge
-from muninn_worker import zoo
+from muninn_worker import certificate, zoo
 
-from . import selectors, services
+from . import certificates, selectors, services
 from .models import Dataset, Job, Round
 
 
@@ -195,6 +195,20 @@ class JobModelView(APIView):
         model = selectors.job_model_file(job, artefact=request.query_params.get("artefact", "model"))
         return FileResponse(io.BytesIO(model.data), as_attachment=True, filename=model.filename,
                             content_type="application/octet-stream")
+
+
+class JobCertificateView(APIView):
+    """The job's training certificate, signed by the site (jobs/certificates.py): JSON, as an attachment."""
+
+    permission_classes = [IsCustomer]
+    evidence = money = None  # wired in muninn/urls.py: receipts live in contributors/, money in billing/
+
+    def get(self, request, job_id: int):
+        job = selectors.job_get(owner=request.user, job_id=job_id)
+        document = certificates.job_certificate(job, evidence=self.evidence, money=self.money)
+        response = HttpResponse(certificate.canonical(document), content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="muninn-job-{job.pk}-certificate.json"'
+        return response
 
 
 class TemplateListView(APIView):
