@@ -8,8 +8,9 @@ from django.shortcuts import get_object_or_404
 from accounts.models import User
 from jobs import selectors as job_selectors
 from jobs import services as job_services
+from jobs.hu import hu_str
 
-from . import pricing
+from . import money, pricing
 from .models import Account, CreditAudit, Entry, Payout, Quote, Transaction
 
 
@@ -41,6 +42,17 @@ def job_money(*, job) -> dict[str, int]:
     return {"quoted": by_kind.get("hold", 0), "charged": -by_kind.get("charge", 0),
             "released": -by_kind.get("release", 0), "held": sum(by_kind.values()),
             "flops_charged": job_flops_charged(job=job)}
+
+
+def job_charges(job) -> dict:
+    """A job's HU and money as its certificate states them: the HU and FLOPs quoted and charged (verified work), and
+    the amounts quoted, charged and released, in nano-units of the currency and written out exactly."""
+    m, currency = job_money(job=job), settings.MUNINN_CURRENCY
+    return {"currency": currency, "hu_quoted": hu_str(job.hu_estimated),
+            "hu_charged": hu_str(money.flops_to_hu(m["flops_charged"])),
+            "flops_quoted": job.flops_estimated, "flops_charged": m["flops_charged"],
+            **{f"{kind}_nanos": m[kind] for kind in ("quoted", "charged", "released")},
+            **{kind: money.format_money(m[kind], currency, exact=True) for kind in ("quoted", "charged", "released")}}
 
 
 def units_with_open_earnings(*, units):

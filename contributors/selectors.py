@@ -1,14 +1,17 @@
 """Reads on devices, leases and receipts."""
+import hashlib
+import hmac
 from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
+from muninn_worker import certificate, segments
 
 from billing import selectors as ledger
 from jobs.models import WorkUnit
 
-from .models import Device, DeviceEvent, Lease, Receipt
+from .models import Device, DeviceEvent, Lease, PeerCheck, Receipt
 
 
 def devices_online() -> QuerySet[Device]:
@@ -145,6 +148,45 @@ def receipt_was_checked(receipt: Receipt) -> bool:
                 and isinstance(check.get("tolerance"), (int, float)) and check["distance"] <= check["tolerance"]:
             return True
     return False
+
+
+def device_pseudonym(device_id: int) -> str:
+    """How a certificate names a device: HMAC-SHA256 of its id under the site's secret, 32 hex digits. The same
+    device reads the same on every certificate of the site; without the secret it names no device and no owner."""
+    return hmac.new(settings.SECRET_KEY.encode(), f"muninn-device:{device_id}".encode(),
+                    hashlib.sha256).hexdigest()[:32]
+
+
+def job_units_evidence(job) -> dict[int, dict]:
+    """What a job's certificate says of each accepted unit's result, by unit id: its device (a pseudonym), the
+    receipt's sha256 (of its canonical JSON), the uploaded update's sha256, the optimizer steps it trained, and how
+    it was verified (receipt_verification)."""
+    receipts = Receipt.objects.filter(unit__round__job=job, status=Receipt.Status.ACCEPTED)
+    return {r.unit_id: {"device": device_pseudonym(r.device_id),
+                        "receipt_sha256": hashlib.sha256(certificate.canonical(r.payload)).hexdigest(),
+                        "output_sha256": r.output_sha256, "steps": r.steps, "segment_steps": r.segment_steps,
+                        "verification": receipt_verification(r)} for r in receipts}
+
+
+def receipt_verification(receipt: Receipt) -> dict:
+    """How an accepted result was verified: "site_reexecution" (the site's validator re-trained segments of it, or
+    the whole unit, and agreed), "peer_check" (devices of its backend did, named by pseudonym), or "cheap_checks"
+    (signature, hashes, shapes, finite values, update norm, loss on its shard, timing: nothing re-trained). With
+    the re-trained step ranges [first, last) and their total. receipt_was_checked decides what counts."""
+    if not receipt_was_checked(receipt):
+        return {"method": "cheap_checks", "segments": [], "retrained_steps": 0}
+    check = (receipt.verification or {}).get("segment_check")
+    if not (isinstance(check, dict) and check.get("passed") is True):  # an older whole-unit re-execution
+        return {"method": "site_reexecution", "segments": [[0, receipt.steps]], "retrained_steps": receipt.steps}
+    k = check.get("segment_steps") or receipt.segment_steps
+    bounds = segments.boundaries(receipt.steps, k)
+    spans = [list(s.get("steps") or bounds[s["segment"]:s["segment"] + 2]) for s in check.get("segments") or []]
+    out = {"method": "site_reexecution", "segments": spans, "retrained_steps": sum(b - a for a, b in spans),
+           "tolerance": check.get("tolerance")}
+    if check.get("validator") == "peers":
+        agreed = receipt.peer_checks.filter(status=PeerCheck.Status.AGREED).values_list("device_id", flat=True)
+        out.update(method="peer_check", peers=sorted({device_pseudonym(d) for d in agreed}))
+    return out
 
 
 def device_units(device: Device) -> QuerySet[WorkUnit]:

@@ -155,6 +155,9 @@ class Round(models.Model):
     latest_arrival_seconds = models.FloatField(default=0.0)
     arrival_paces = models.JSONField(default=dict, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
+    # The accepted units whose updates `result_sha256` combines, set when the round closes: not a flagged one left
+    # out, nor one whose check passed only after the round had closed without it (it is credited all the same).
+    combined = models.JSONField(default=list, blank=True)
     opened_at = models.DateTimeField(default=timezone.now)  # deadlines count from here
     closed_at = models.DateTimeField(null=True, blank=True)
 

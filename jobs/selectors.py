@@ -1,11 +1,16 @@
 """Reads on jobs and datasets. Everything a user reaches by id goes through an owner filter here."""
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.shortcuts import get_object_or_404
+from muninn_worker import tensors, zoo
 
+from muninn.errors import Conflict, InvalidInput
+
+from . import storage
 from .models import Dataset, Job, Round, WorkUnit
 
 
@@ -101,13 +106,61 @@ def job_flagged_updates(job: Job) -> list[dict]:
     """The job's accepted updates put in doubt after the fact (WorkUnit.flagged: their device was caught on
     other work), by round: whether each is in the model (aggregated before it was flagged, or nothing else came
     in its round) or was left out."""
-    out = []
-    for unit in (WorkUnit.objects.filter(round__job=job).exclude(flagged="").select_related("round")
-                 .order_by("round__number", "index")):
-        left_out = unit.pk in (unit.round.metrics.get("flagged_left_out") or [])
-        out.append({"round": unit.round.number, "unit": unit.pk, "reason": unit.flagged,
-                    "in_model": unit.round.status == Round.Status.CLOSED and not left_out})
-    return out
+    return [{"round": unit.round.number, "unit": unit.pk, "reason": unit.flagged,
+             "in_model": unit_in_model(unit, unit.round)}
+            for unit in (WorkUnit.objects.filter(round__job=job).exclude(flagged="").select_related("round")
+                         .order_by("round__number", "index"))]
+
+
+def unit_in_model(unit: WorkUnit, rnd: Round) -> bool:
+    """Whether the unit's update is in its round's combined weights (Round.combined). A round closed before that
+    was kept: accepted by the time the round closed and not left out for a flag."""
+    if rnd.status != Round.Status.CLOSED:
+        return False
+    if rnd.combined:
+        return unit.pk in rnd.combined
+    return (unit.pk not in (rnd.metrics.get("flagged_left_out") or []) and unit.accepted_at is not None
+            and rnd.closed_at is not None and unit.accepted_at <= rnd.closed_at)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    data: bytes
+    filename: str
+
+
+def job_model_file(job: Job, *, artefact: str = "model") -> ModelFile:
+    """The trained model as the customer downloads it: safetensors of the final global weights, with the template,
+    model_config, job and classes or vocabulary in the file's metadata, and the rounds holding an update flagged
+    after the fact (muninn_flagged_rounds). For a LoRA job these are the adapters; artefact "merged" is the merged
+    transformer (base + adapters), which can be uploaded again as base weights. The same job gives the same bytes
+    (a certificate states their sha256) until a flag on one of its updates is set or cleared."""
+    if job.status != Job.Status.SUCCEEDED:
+        raise Conflict(f"The model is ready when the job has succeeded; it is {job.status}.", code="not_ready")
+    state = tensors.bytes_to_state_dict(storage.blob_get(job.global_weights_sha256))
+    template, config = job.template, job.model_config
+    if artefact == "merged":
+        if job.base_weights_id is None:
+            raise InvalidInput("Only a lora job has a merged model.", code="bad_artefact")
+        base = tensors.bytes_to_state_dict(storage.blob_get(job.base_weights.sha256))
+        state = zoo.merge_lora(config, base, state)
+        template, config = "transformer", {k: v for k, v in config.items() if k not in ("rank", "alpha")}
+    elif artefact != "model":
+        raise InvalidInput("artefact must be 'model' or 'merged'.", code="bad_artefact")
+    metadata = {"muninn_template": template, "muninn_model_config": json.dumps(config, sort_keys=True),
+                "muninn_job": str(job.pk), "muninn_data": json.dumps(job.metrics.get("classes") or
+                                                                      job.metrics.get("vocab") or [])}
+    in_doubt = job_flagged_rounds(job)
+    if in_doubt:  # rounds whose aggregate holds an update of a device caught cheating on other work
+        metadata["muninn_flagged_rounds"] = json.dumps(in_doubt)
+    suffix = "-merged" if artefact == "merged" else ""
+    return ModelFile(tensors.state_dict_to_bytes(state, metadata=metadata),
+                     f"muninn-job-{job.pk}-{job.template}{suffix}.safetensors")
+
+
+def job_flagged_rounds(job: Job) -> list[int]:
+    """The rounds whose combined weights hold an update flagged after the fact, in order."""
+    return sorted({f["round"] for f in job_flagged_updates(job) if f["in_model"]})
 
 
 def span(seconds: float) -> str:

@@ -146,6 +146,7 @@ def round_aggregate(*, round_id: int) -> Round:
         rnd.units.filter(status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED]).update(
             status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None)
         rnd.status, rnd.closed_at = Round.Status.CLOSED, timezone.now()
+        rnd.combined = [u.pk for u in accepted]
         rnd.save()
         job.global_weights_sha256 = rnd.result_sha256
         job.metrics = {**job.metrics, **rnd.metrics, "round": rnd.number}

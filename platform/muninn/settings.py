@@ -295,6 +295,11 @@ MUNINN_MAX_UPLOAD_BYTES = env.int("MUNINN_MAX_UPLOAD_BYTES", default=50 * 1024 *
 MUNINN_MAX_RESULT_BYTES = env.int("MUNINN_MAX_RESULT_BYTES", default=512 * 1024 * 1024)
 MUNINN_MAX_ROUNDS = env.int("MUNINN_MAX_ROUNDS", default=200)
 MUNINN_SITE_URL = env.str("MUNINN_SITE_URL", default="http://127.0.0.1:8000")  # for Stripe's return links
+# The site's Ed25519 key, which signs training certificates (muninn/site_key.py); its public half is served at
+# /.well-known/muninn-signing-key. Base64 of the 32 raw private bytes, or a file holding that. Neither set: a key is
+# made once and kept in MUNINN_VAR_DIR/signing-key, so it survives restarts. Several web machines: set the same key.
+MUNINN_SIGNING_KEY = env.str("MUNINN_SIGNING_KEY", default="")
+MUNINN_SIGNING_KEY_FILE = env.str("MUNINN_SIGNING_KEY_FILE", default="")
 
 # --- Money ----------------------------------------------------------------------------------------
 MUNINN_QUOTE_TTL_SECONDS = env.int("MUNINN_QUOTE_TTL_SECONDS", default=30 * 60)

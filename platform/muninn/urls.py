@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from accounts import api as accounts_api
 from billing import api as billing_api
+from billing import selectors as billing_selectors
 from billing import views as billing_views
 from contributors import api as contributors_api
 from contributors import selectors as contributors_selectors
@@ -34,6 +35,10 @@ api = [
     path("jobs/<id:job_id>/start", jobs_api.JobStartView.as_view(), name="job-start"),
     path("jobs/<id:job_id>/cancel", jobs_api.JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<id:job_id>/model", jobs_api.JobModelView.as_view(), name="job-model"),
+    # The certificate states receipts (contributors/) and money (billing/), which sit above jobs/.
+    path("jobs/<id:job_id>/certificate",
+         jobs_api.JobCertificateView.as_view(evidence=contributors_selectors.job_units_evidence,
+                                             money=billing_selectors.job_charges), name="job-certificate"),
     path("jobs/<id:job_id>/charges", billing_api.JobChargesView.as_view(), name="job-charges"),
     path("jobs/<id:job_id>/devices", contributors_api.JobDevicesView.as_view(), name="job-devices"),
     path("balance", billing_api.BalanceView.as_view(), name="balance"),
@@ -78,6 +83,7 @@ urlpatterns = [
     path("", include("accounts.urls")),
     *pages,
     path("healthz", views.healthz, name="healthz"),
+    path(".well-known/muninn-signing-key", views.signing_key, name="signing-key"),
     path("admin/", admin.site.urls),
     path("api/", include(api)),
 ]

@@ -1,10 +1,12 @@
 """The front page: the platform at a glance. It is public, so it shows figures that name no one; a signed-in
-customer also sees their own recent jobs (never anyone else's)."""
+customer also sees their own recent jobs (never anyone else's). And the site's public signing key."""
 from django.db import connection
 from django.http import JsonResponse
 from django.shortcuts import render
 from django.views import defaults
+from django.views.decorators.http import require_safe
 
+from . import site_key
 from .errors import error_body
 
 
@@ -24,6 +26,17 @@ def healthz(request):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return JsonResponse({"ok": True})
+
+
+@require_safe
+def signing_key(request):
+    """/.well-known/muninn-signing-key: the public key that verifies the site's training certificates. Public and
+    cacheable; anyone may fetch it, from anywhere."""
+    response = JsonResponse({"algorithm": site_key.ALGORITHM, "key": site_key.public_key(),
+                             "signs": "training certificates: GET /api/jobs/<id>/certificate"})
+    response["Cache-Control"] = "public, max-age=3600"
+    response["Access-Control-Allow-Origin"] = "*"
+    return response
 
 
 def not_found(request, exception=None):

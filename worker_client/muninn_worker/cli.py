@@ -1,8 +1,9 @@
-"""`muninn-worker register | run | probe`.
+"""`muninn-worker register | run | probe | verify-certificate`.
 
 Settings come from CLI flag > environment variable > config file > default. A mistake the user can fix
-(bad flag, no registered device, unreadable config) exits 2 with one sentence; a refusal by the server exits
-1; Ctrl-C exits 130. Heavy imports (torch) happen after parsing, so flag errors answer at once.
+(bad flag, no registered device, unreadable config) exits 2 with one sentence; a refusal by the server, or a
+certificate that fails its check, exits 1; Ctrl-C exits 130. Heavy imports (torch) happen after parsing, so flag
+errors answer at once.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command is None:
-        print(f"{PROG}: error: choose a command: register, run or probe (see `{PROG} --help`)", file=sys.stderr)
+        print(f"{PROG}: error: choose a command: register, run, probe or verify-certificate (see `{PROG} --help`)",
+              file=sys.stderr)
         return 2
     _configure_logging()
     from muninn_worker.api import ClientTooOld
@@ -149,7 +151,54 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify_certificate(args: argparse.Namespace) -> int:
+    """Check a training certificate offline: the site's signature, the chain of every round's weights, and the
+    model file against it (muninn_worker.certificate). One sentence and exit 1 when a check fails."""
+    from muninn_worker import certificate
+
+    key_text = _read_text(args.key, "key") if os.path.isfile(args.key) else args.key
+    try:
+        key = certificate.public_key_from(key_text)
+    except ValueError as exc:
+        raise _Exit(f"{exc}; pass the base64 key, a file holding it, or the site's "
+                    "/.well-known/muninn-signing-key JSON", 2) from None
+    try:
+        document = json.loads(_read_text(args.certificate, "certificate"))
+    except ValueError:
+        raise _Exit(f"the certificate {args.certificate} is not JSON", 1) from None
+    model = _read_bytes(args.model, "model")
+    try:
+        summary = certificate.check(document, model, key)
+    except certificate.CertificateInvalid as exc:
+        raise _Exit(str(exc), 1) from None
+    share = summary["retrained_steps"] / summary["trained_steps"] if summary["trained_steps"] else 0.0
+    print(f"certificate OK: job {summary['job']} ({summary['template']}), signed by the site's key {key[:12]}…")
+    print(f"  {summary['rounds']} round(s) chained from the initial weights to this model's weights "
+          f"({summary['final_weights_sha256'][:16]}…); model file sha256 {summary['file_sha256'][:16]}…")
+    print(f"  {summary['units']} update(s): {summary['site_checked']} re-trained in part by the site's validator, "
+          f"{summary['peer_checked']} by peer devices, {summary['cheap_checks_only']} on cheap checks only; "
+          f"{summary['retrained_steps']} of {summary['trained_steps']} training steps re-trained ({share:.1%})")
+    if summary["flagged"]:
+        print(f"  {summary['flagged']} update(s) flagged after the fact: see each round's \"flagged\"")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _read_bytes(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise _Exit(f"cannot read the {what} file {path}: {exc.strerror or exc}", 2) from None
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        return _read_bytes(path, what).decode()
+    except UnicodeDecodeError:
+        raise _Exit(f"the {what} file {path} is not UTF-8 text", 2) from None
 
 
 def _require(value: str | None, message: str) -> str:
@@ -209,7 +258,7 @@ def _positive_seconds(text: str) -> float:
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train pieces of Muninn jobs on this machine and earn HU.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{register,run,probe}")
+    commands = parser.add_subparsers(dest="command", metavar="{register,run,probe,verify-certificate}")
 
     register = commands.add_parser("register", help="register this device with your account token")
     register.add_argument("--server", help=f"site URL, e.g. https://muninn.example (env {ENV_SERVER})")
@@ -238,4 +287,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     probe = commands.add_parser("probe", help="print this device's capabilities as JSON")
     probe.set_defaults(handler=_cmd_probe)
+
+    verify = commands.add_parser("verify-certificate", help="check a job's training certificate and model offline")
+    verify.add_argument("certificate", metavar="CERT", help="the certificate (GET /api/jobs/<id>/certificate)")
+    verify.add_argument("model", metavar="MODEL", help="the model file it certifies (GET /api/jobs/<id>/model)")
+    verify.add_argument("--key", required=True, metavar="KEY",
+                        help="the site's public key: base64, a file holding it, or the site's "
+                             "/.well-known/muninn-signing-key JSON (saved to a file)")
+    verify.set_defaults(handler=_cmd_verify_certificate)
     return parser

@@ -43,10 +43,24 @@ def sha256_hex(data: bytes) -> str:
 
 
 def state_dict_to_bytes(sd: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
-    """Serialise a state_dict to safetensors bytes (the same tensors always give the same bytes)."""
+    """Serialise a state_dict to safetensors bytes: the same tensors and metadata always give the same bytes."""
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise TypeError("safetensors metadata must map str to str")
-    return _st_save(_plain_tensors(sd), metadata=metadata)
+    data = _st_save(_plain_tensors(sd), metadata=metadata)
+    return _metadata_sorted(data) if metadata else data
+
+
+def _metadata_sorted(data: bytes) -> bytes:
+    """The same file with its metadata's keys in sorted order. safetensors writes them in the order of a hash map
+    seeded afresh in every process, so the same model gave different bytes from one download to the next (a model
+    file's sha256 is certified: jobs/certificates.py). The tensors' entries keep their order and offsets."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    ordered = {"__metadata__": header.pop("__metadata__"), **header}
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes, so the tensors stay aligned
+    return struct.pack("<Q", len(text)) + text + data[8 + length :]
 
 
 def bytes_to_state_dict(data: bytes) -> dict[str, Tensor]:

@@ -37,6 +37,19 @@ def test_same_tensors_give_the_same_bytes():
     assert state_dict_to_bytes(init_state("mlp", CONFIG, 1)) == state_dict_to_bytes(init_state("mlp", CONFIG, 1))
 
 
+def test_same_tensors_and_metadata_give_the_same_bytes():
+    # safetensors itself writes metadata in a hash map's order, different at almost every call.
+    metadata = {name: "x" for name in ("muninn_template", "muninn_job", "muninn_data", "muninn_model_config", "z")}
+
+    files = {state_dict_to_bytes(init_state("mlp", CONFIG, 1), metadata=dict(metadata)) for _ in range(20)}
+
+    assert len(files) == 1
+    data = files.pop()
+    assert data.index(b'"muninn_data"') < data.index(b'"muninn_job"') < data.index(b'"z"')
+    assert int.from_bytes(data[:8], "little") % 8 == 0
+    assert state_dict_to_bytes(bytes_to_state_dict(data)) == state_dict_to_bytes(init_state("mlp", CONFIG, 1))
+
+
 def test_tied_tensors_are_serialised():
     weight = torch.ones(2, 2)
 
