@@ -43,15 +43,18 @@ def device_trust_streak(device: Device) -> int:
     return device.verified_streak
 
 
-def device_resources(device: Device) -> dict[str, int]:
+def device_resources(device: Device, *, backends=None) -> dict[str, int]:
     """The backends the device offers, each with the memory a unit may use on it: RAM for the CPU (and for
-    Apple MPS, whose memory is unified), the largest GPU's memory for CUDA."""
-    backends = (device.capabilities or {}).get("backends") or ["cpu"]
+    Apple MPS, whose memory is unified), the largest GPU's memory for CUDA. `backends`: only those of them (what a
+    claim asks for, e.g. ["cuda"] from a client run with --gpu-only)."""
+    offered = (device.capabilities or {}).get("backends") or ["cpu"]
     resources = {"cpu": device.memory_bytes}
-    if "cuda" in backends and device.gpu_memory_bytes > 0:
+    if "cuda" in offered and device.gpu_memory_bytes > 0:
         resources["cuda"] = device.gpu_memory_bytes
-    if "mps" in backends:
+    if "mps" in offered:
         resources["mps"] = device.memory_bytes
+    if backends is not None:
+        resources = {b: memory for b, memory in resources.items() if b in backends}
     return resources
 
 
