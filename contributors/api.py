@@ -323,3 +323,10 @@ class JobDevicesView(APIView):
     def get(self, request, job_id: int):
         job = job_selectors.job_get(owner=request.user, job_id=job_id)
         return Response({"job": job.pk, "devices": selectors.job_devices(job=job)})
+
+
+class DeviceStatusView(DeviceView):
+    """The device as its owner sees it (`muninn-worker status`): its reputation, today's results and earnings."""
+
+    def get(self, request):
+        return Response(selectors.device_status(device=request.auth))

@@ -5,7 +5,9 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from billing import money
 from billing import selectors as ledger
+from billing.models import Account
 from jobs.models import WorkUnit
 
 from .models import Device, DeviceEvent, Lease, Receipt
@@ -201,3 +203,38 @@ def units_leased_twice(*, lease_seconds: float | None = None) -> list[int]:
         if any(b.created_at < ends.get(a.pk, a.created_at + base) for a, b in zip(leases, leases[1:])):
             doubles.append(unit_id)
     return doubles
+
+
+def device_status(*, device: Device, now=None) -> dict:
+    """The device as its owner sees it (GET /api/worker/me, `muninn-worker status`): what it is, its reputation
+    (verified streak and total, quarantined and why), its results since the start of the site's day by outcome
+    with what the accepted ones earned, and its owner's earnings as the contributor page shows them (the
+    account's, all devices together)."""
+    now = now or timezone.now()
+    day_start = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = Receipt.objects.filter(device=device, created_at__gte=day_start)
+    by_status = dict(today.values_list("status").annotate(n=Count("id")).order_by())
+    earned = ledger.units_earned(units=today.filter(status=Receipt.Status.ACCEPTED).values("unit_id"))
+    balances = ledger.balances_for(user=device.owner_id)
+    currency = settings.MUNINN_CURRENCY
+
+    def amount(name: str, nanos: int) -> dict:  # as a result's answer says money: in nanos, and as shown
+        return {f"{name}_nanos": nanos, name: money.format_money(nanos, currency)}
+
+    return {
+        "device": {"id": device.pk, "name": device.name, "backends": list(device_resources(device)),
+                   "registered_at": _iso(device.created_at), "last_seen_at": _iso(device.last_seen_at)},
+        "reputation": {"verified_streak": device.verified_streak, "verified_total": device.verified_total,
+                       "failures": device.failures, "quarantined": device.quarantined_at is not None,
+                       "quarantined_at": _iso(device.quarantined_at), "quarantine_reason": device.quarantine_reason},
+        "today": {"since": _iso(day_start), **{status: by_status.get(status, 0) for status in Receipt.Status.values},
+                  **amount("earned", earned)},
+        "earnings": {"currency": currency,
+                     **amount("pending", balances.get(Account.Kind.CONTRIBUTOR_PENDING, 0)),
+                     **amount("held", balances.get(Account.Kind.CONTRIBUTOR_HELD, 0)),
+                     **amount("available", balances.get(Account.Kind.CONTRIBUTOR_AVAILABLE, 0))},
+    }
+
+
+def _iso(moment) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
