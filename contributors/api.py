@@ -90,6 +90,24 @@ def claim_wait(request) -> float:
     return min(wait, settings.MUNINN_CLAIM_WAIT_MAX)
 
 
+CLAIM_BACKENDS = ("cpu", "cuda", "mps")
+
+
+def claim_backends(request) -> list[str] | None:
+    """The backends a claim asks work for: the body's "backends" (a list), else the query's (comma-separated),
+    else None (any of the device's). Anything but a non-empty list of known backends is refused."""
+    data = request.data if isinstance(request.data, dict) else {}
+    value = data.get("backends", request.query_params.get("backends"))
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [b.strip() for b in value.split(",") if b.strip()]
+    if not isinstance(value, list) or not value or any(b not in CLAIM_BACKENDS for b in value):
+        raise InvalidInput(f"'backends' must be a list of {', '.join(CLAIM_BACKENDS)} (got {str(value)[:60]!r}).",
+                           code="bad_backends", detail={"known": list(CLAIM_BACKENDS)})
+    return value
+
+
 def unit_payload(claim: services.Claim) -> dict:
     unit, job = claim.unit, claim.unit.round.job
     return {
@@ -110,7 +128,8 @@ class ClaimView(DeviceView):
 
     def post(self, request):
         try:
-            claim = push.unit_claim_wait(device=request.auth, wait=claim_wait(request))
+            claim = push.unit_claim_wait(device=request.auth, wait=claim_wait(request),
+                                         backends=claim_backends(request))
         except push.WaitersFull as full:
             return Response(status=204, headers={"Retry-After": str(full.retry_after)})
         if claim is None:
@@ -304,3 +323,10 @@ class JobDevicesView(APIView):
     def get(self, request, job_id: int):
         job = job_selectors.job_get(owner=request.user, job_id=job_id)
         return Response({"job": job.pk, "devices": selectors.job_devices(job=job)})
+
+
+class DeviceStatusView(DeviceView):
+    """The device as its owner sees it (`muninn-worker status`): its reputation, today's results and earnings."""
+
+    def get(self, request):
+        return Response(selectors.device_status(device=request.auth))

@@ -69,7 +69,7 @@ def _queued() -> None:
     _none_queued_until = 0.0
 
 
-def peer_check_lease(*, device: Device) -> PeerCheck | None:
+def peer_check_lease(*, device: Device, backends=None) -> PeerCheck | None:
     """A queued peer check this device may run: its backend is among the device's, the device has a good record
     (TRUST_AFTER verified units in a row, and not a flagged owner's new device), and it is not the checked device, nor its owner's, nor a device that
     already ran this segment."""
@@ -79,7 +79,7 @@ def peer_check_lease(*, device: Device) -> PeerCheck | None:
         return None
     if selectors.device_trust_streak(device) < reputation.TRUST_AFTER:  # a flagged owner's new device
         return None
-    backends = list(selectors.device_resources(device))
+    backends = list(selectors.device_resources(device, backends=backends))  # a claim may ask for fewer
     now = timezone.now()
     with transaction.atomic():
         candidates = (PeerCheck.objects.filter(status=PeerCheck.Status.QUEUED, backend__in=backends,

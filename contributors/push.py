@@ -51,22 +51,23 @@ class _Slots:
 waiting = _Slots()
 
 
-def unit_claim_wait(*, device: Device, wait: float) -> services.Claim | None:
+def unit_claim_wait(*, device: Device, wait: float, backends=None) -> services.Claim | None:
     """services.unit_claim, held up to `wait` seconds (at most MUNINN_CLAIM_WAIT_MAX) until it finds something.
-    `wait` 0: one claim, answered at once. Raises WaitersFull when this process holds too many claims already."""
+    `wait` 0: one claim, answered at once. Raises WaitersFull when this process holds too many claims already.
+    `backends`: work for those of the device's backends only (services.unit_claim)."""
     token = wakeups.mark() if wait > 0 else None  # before the claim: a unit queued meanwhile still wakes us
-    claim = services.unit_claim(device=device)
+    claim = services.unit_claim(device=device, backends=backends)
     if claim is not None or wait <= 0 or wakeups.stopping():
         return claim
     if not waiting.take(settings.MUNINN_CLAIM_WAITERS):
         raise WaitersFull(f"This server holds {settings.MUNINN_CLAIM_WAITERS} waiting claims already.")
     try:
-        return _wait(device, min(wait, settings.MUNINN_CLAIM_WAIT_MAX), token)
+        return _wait(device, min(wait, settings.MUNINN_CLAIM_WAIT_MAX), token, backends)
     finally:
         waiting.give()
 
 
-def _wait(device: Device, wait: float, token: object) -> services.Claim | None:
+def _wait(device: Device, wait: float, token: object, backends=None) -> services.Claim | None:
     deadline = time.monotonic() + wait
     while True:
         left = deadline - time.monotonic()
@@ -75,6 +76,6 @@ def _wait(device: Device, wait: float, token: object) -> services.Claim | None:
         token = wakeups.wait(token, min(left, settings.MUNINN_CLAIM_RECHECK_SECONDS))
         if wakeups.stopping():
             return None
-        claim = services.unit_claim(device=device)
+        claim = services.unit_claim(device=device, backends=backends)
         if claim is not None:
             return claim

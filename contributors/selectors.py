@@ -8,7 +8,9 @@ from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 from muninn_worker import certificate, segments
 
+from billing import money
 from billing import selectors as ledger
+from billing.models import Account
 from jobs.models import WorkUnit
 
 from .models import Device, DeviceEvent, Lease, PeerCheck, Receipt
@@ -46,15 +48,18 @@ def device_trust_streak(device: Device) -> int:
     return device.verified_streak
 
 
-def device_resources(device: Device) -> dict[str, int]:
+def device_resources(device: Device, *, backends=None) -> dict[str, int]:
     """The backends the device offers, each with the memory a unit may use on it: RAM for the CPU (and for
-    Apple MPS, whose memory is unified), the largest GPU's memory for CUDA."""
-    backends = (device.capabilities or {}).get("backends") or ["cpu"]
+    Apple MPS, whose memory is unified), the largest GPU's memory for CUDA. `backends`: only those of them (what a
+    claim asks for, e.g. ["cuda"] from a client run with --gpu-only)."""
+    offered = (device.capabilities or {}).get("backends") or ["cpu"]
     resources = {"cpu": device.memory_bytes}
-    if "cuda" in backends and device.gpu_memory_bytes > 0:
+    if "cuda" in offered and device.gpu_memory_bytes > 0:
         resources["cuda"] = device.gpu_memory_bytes
-    if "mps" in backends:
+    if "mps" in offered:
         resources["mps"] = device.memory_bytes
+    if backends is not None:
+        resources = {b: memory for b, memory in resources.items() if b in backends}
     return resources
 
 
@@ -240,3 +245,38 @@ def units_leased_twice(*, lease_seconds: float | None = None) -> list[int]:
         if any(b.created_at < ends.get(a.pk, a.created_at + base) for a, b in zip(leases, leases[1:])):
             doubles.append(unit_id)
     return doubles
+
+
+def device_status(*, device: Device, now=None) -> dict:
+    """The device as its owner sees it (GET /api/worker/me, `muninn-worker status`): what it is, its reputation
+    (verified streak and total, quarantined and why), its results since the start of the site's day by outcome
+    with what the accepted ones earned, and its owner's earnings as the contributor page shows them (the
+    account's, all devices together)."""
+    now = now or timezone.now()
+    day_start = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = Receipt.objects.filter(device=device, created_at__gte=day_start)
+    by_status = dict(today.values_list("status").annotate(n=Count("id")).order_by())
+    earned = ledger.units_earned(units=today.filter(status=Receipt.Status.ACCEPTED).values("unit_id"))
+    balances = ledger.balances_for(user=device.owner_id)
+    currency = settings.MUNINN_CURRENCY
+
+    def amount(name: str, nanos: int) -> dict:  # as a result's answer says money: in nanos, and as shown
+        return {f"{name}_nanos": nanos, name: money.format_money(nanos, currency)}
+
+    return {
+        "device": {"id": device.pk, "name": device.name, "backends": list(device_resources(device)),
+                   "registered_at": _iso(device.created_at), "last_seen_at": _iso(device.last_seen_at)},
+        "reputation": {"verified_streak": device.verified_streak, "verified_total": device.verified_total,
+                       "failures": device.failures, "quarantined": device.quarantined_at is not None,
+                       "quarantined_at": _iso(device.quarantined_at), "quarantine_reason": device.quarantine_reason},
+        "today": {"since": _iso(day_start), **{status: by_status.get(status, 0) for status in Receipt.Status.values},
+                  **amount("earned", earned)},
+        "earnings": {"currency": currency,
+                     **amount("pending", balances.get(Account.Kind.CONTRIBUTOR_PENDING, 0)),
+                     **amount("held", balances.get(Account.Kind.CONTRIBUTOR_HELD, 0)),
+                     **amount("available", balances.get(Account.Kind.CONTRIBUTOR_AVAILABLE, 0))},
+    }
+
+
+def _iso(moment) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")

@@ -96,18 +96,25 @@ class Quarantined(MuninnError):
     status = 403
 
 
-def unit_claim(*, device: Device) -> Claim | None:
+def unit_claim(*, device: Device, backends=None) -> Claim | None:
     """Lease the device a peer check it may run (checks hold up accepted work, so they come first), else one
-    queued unit it can run, or None when there is nothing for it now."""
+    queued unit it can run, or None when there is nothing for it now. `backends` (e.g. ["cuda"]: an owner who
+    lends only the GPU) narrows the work to those of the device's backends; none of them among its own is a 400."""
     touch(device)
     if device.quarantined_at is not None:
         raise Quarantined(f"This device is quarantined and gets no work: {device.quarantine_reason} "
                           "Contact support to have it reviewed.")
-    check = peers.peer_check_lease(device=device)
+    resources = selectors.device_resources(device, backends=backends)
+    if not resources:
+        offered = list(selectors.device_resources(device))
+        raise InvalidInput(f"This device was registered with {', '.join(offered)} only, so it has no "
+                           f"{', '.join(backends)} work to claim. Register it again on this machine (muninn-worker "
+                           "register) if it has that now.", code="bad_backends", detail={"offered": offered})
+    check = peers.peer_check_lease(device=device, backends=list(resources))
     if check is not None:
         return Claim(None, None, check)
     with transaction.atomic():
-        unit = jobs.unit_lease(device_id=device.pk, resources=selectors.device_resources(device))
+        unit = jobs.unit_lease(device_id=device.pk, resources=resources)
         if unit is None:
             held = jobs.units_held(device_id=device.pk)
             if held >= settings.MUNINN_MAX_LEASES_PER_DEVICE:

@@ -15,6 +15,7 @@ urlpatterns = [
     path("units/<id:unit_id>/checkpoints/<id:boundary>", api.CheckpointView.as_view(),
          name="worker-unit-checkpoint"),
     path("challenges", api.ChallengesView.as_view(), name="worker-challenges"),
+    path("me", api.DeviceStatusView.as_view(), name="worker-me"),
     path("checks/<id:check_id>/start", api.CheckStartView.as_view(), name="worker-check-start"),
     path("checks/<id:check_id>/shard", api.CheckShardView.as_view(), name="worker-check-shard"),
     path("checks/<id:check_id>/base", api.CheckBaseView.as_view(), name="worker-check-base"),

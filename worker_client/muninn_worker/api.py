@@ -10,7 +10,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import requests
@@ -99,16 +99,19 @@ class ApiClient:
             raise ApiError(response.status_code, "bad_response", "registration answer lacks device_id/device_token")
         return body
 
-    def claim(self, wait: float = 0.0) -> dict | None:
+    def claim(self, wait: float = 0.0, backends: Sequence[str] | None = None) -> dict | None:
         """POST /api/worker/claim → the leased unit, or None when there is nothing to do (204).
 
         `wait` > 0 asks the site to hold the claim up to that many seconds until a unit is queued for this device
         (a long poll); a site that cannot hold it (too many claims held, or an older site) answers 204 at once.
-        After a 204, `retry_after` is the site's Retry-After in seconds, or None when it sent none."""
+        After a 204, `retry_after` is the site's Retry-After in seconds, or None when it sent none. `backends`
+        (e.g. ["cuda"]) asks for work of those of the device's backends only."""
         self.retry_after = None
         timeout = _longer(self.timeout, wait)
-        response = self._request("POST", "/api/worker/claim", json={"wait": wait} if wait > 0 else {},
-                                 expected=(200, 204), timeout=timeout)
+        body: dict[str, Any] = {"wait": wait} if wait > 0 else {}
+        if backends:
+            body["backends"] = list(backends)
+        response = self._request("POST", "/api/worker/claim", json=body, expected=(200, 204), timeout=timeout)
         if response.status_code == 204:
             self.retry_after = retry_after_seconds(response)
             return None
@@ -182,6 +185,10 @@ class ApiClient:
         """POST a peer check's end checkpoint with its signed receipt → {"check", "status"}."""
         return self._upload(f"/api/worker/checks/{int(check_id)}/result", "checkpoint",
                             ("checkpoint.safetensors", checkpoint), receipt=receipt, expected=(200, 201))
+
+    def me(self) -> dict:
+        """GET /api/worker/me → the device, its reputation, its units today and its owner's earnings."""
+        return self._json(self._request("GET", "/api/worker/me"))
 
     def challenges(self) -> list[dict]:
         """GET /api/worker/challenges → the device's open challenges (checkpoints still missing)."""

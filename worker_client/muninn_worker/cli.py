@@ -1,4 +1,4 @@
-"""`muninn-worker register | run | probe | verify-certificate`.
+"""`muninn-worker register | run | status | service install | probe | verify-certificate`.
 
 Settings come from CLI flag > environment variable > config file > default. A mistake the user can fix
 (bad flag, no registered device, unreadable config) exits 2 with one sentence; a refusal by the server, or a
@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from muninn_worker import __version__
@@ -59,7 +60,8 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command is None:
-        print(f"{PROG}: error: choose a command: register, run, probe or verify-certificate (see `{PROG} --help`)",
+        print(f"{PROG}: error: choose a command: register, run, status, service, probe or verify-certificate "
+              f"(see `{PROG} --help`)",
               file=sys.stderr)
         return 2
     _configure_logging()
@@ -130,17 +132,83 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise _Exit(f"the config {config_path(args.config)} has no signing key (registered by an older client): "
                     "run `muninn-worker register` again", 2)
     client = _client(server, device_token=config.device_token, signing_key=config.signing_key)
+    gate = _gate(args)
+    backends = _gpu_only_backends() if args.gpu_only else None
 
     from muninn_worker.runner import DeviceRejected, run
 
     log.info("muninn-worker %s: device %s on %s, cache %s", __version__, config.device_id, client.server_url,
              cache_dir)
+    if gate is not None:
+        log.info("the owner's rules: %s", _rules_line(args))
+        for warning in gate.warnings():
+            log.warning("%s", warning)
     try:
         run(client, cache_dir=cache_dir, max_units=args.max_units, exit_when_idle=args.exit_when_idle,
-            poll_interval=args.poll_interval, threads=args.threads, claim_wait=args.claim_wait,
-            numerics=args.numerics or os.environ.get("MUNINN_WORKER_NUMERICS") or "native")
+            poll_interval=args.poll_interval, threads=args.max_threads, claim_wait=args.claim_wait,
+            numerics=args.numerics or os.environ.get("MUNINN_WORKER_NUMERICS") or "native", gate=gate,
+            backends=backends)
     except DeviceRejected as exc:
         raise _Exit(str(exc), 1) from None
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    config = load_config(config_path(args.config))
+    if not config.device_token:
+        raise _Exit(NO_DEVICE, 2)
+    server = _require(first_set(args.server, os.environ.get(ENV_SERVER), config.server),
+                      f"no server: pass --server URL or set {ENV_SERVER}")
+    client = _client(server, device_token=config.device_token)
+
+    from muninn_worker.api import ApiError
+    from muninn_worker.status import format_status
+
+    try:
+        answer = client.me()
+    except ApiError as exc:
+        if exc.status == 404:
+            raise _Exit(f"{client.server_url} does not answer `status` (GET /api/worker/me): the site is older "
+                        "than this client", 1) from None
+        raise _Exit(f"status failed: {exc}", 1) from None
+    print(json.dumps(answer, indent=2) if args.json else format_status(answer, client.server_url))
+    return 0
+
+
+def _cmd_service_install(args: argparse.Namespace) -> int:
+    import platform
+
+    from muninn_worker.service import run_command, service_environment, service_for
+
+    path = config_path(args.config).resolve()
+    if not load_config(path).device_token:
+        raise _Exit(NO_DEVICE, 2)
+    if args.gpu_only:
+        _gpu_only_backends()  # refuse now rather than in a service that cannot start
+    options = ["--config", str(path)]
+    if args.server:
+        options += ["--server", args.server]
+    if args.cache_dir:
+        options += ["--cache-dir", str(Path(args.cache_dir).expanduser().resolve())]
+    if args.max_threads:
+        options += ["--max-threads", str(args.max_threads)]
+    if args.schedule:
+        options += ["--schedule", _schedule_text(args.schedule)]
+    if args.pause_when_busy is not None:
+        options += ["--pause-when-busy", f"{args.pause_when_busy:g}"]
+    options += [flag for flag, on in (("--gpu-only", args.gpu_only), ("--pause-on-battery", args.pause_on_battery))
+                if on]
+    config_home = os.environ.get("XDG_CONFIG_HOME")
+    service = service_for(platform.system(), run_command(options), service_environment(), home=Path.home(),
+                          config_home=Path(config_home) if config_home else None)
+    if args.print or service.path is None:
+        print(service.text, end="" if service.text.endswith("\n") else "\n")
+        if service.path is None:
+            print(f"\n{service.next_steps}")
+        return 0
+    service.path.parent.mkdir(parents=True, exist_ok=True)
+    service.path.write_text(service.text, encoding="utf-8")
+    print(f"wrote {service.path}; start it now and at every log-in with:\n{service.next_steps}")
     return 0
 
 
@@ -201,6 +269,38 @@ def _read_text(path: str, what: str) -> str:
         raise _Exit(f"the {what} file {path} is not UTF-8 text", 2) from None
 
 
+def _gate(args: argparse.Namespace):
+    """The gate of the owner's rules, or None when the owner set none (the loop then never pauses)."""
+    from muninn_worker.owner import Rules
+    from muninn_worker.pause import Gate
+
+    rules = Rules(schedule=args.schedule or (), busy_above=args.pause_when_busy,
+                  pause_on_battery=args.pause_on_battery)
+    return Gate(rules) if rules.any else None
+
+
+def _rules_line(args: argparse.Namespace) -> str:
+    parts = []
+    if args.schedule:
+        parts.append(f"works {_schedule_text(args.schedule)} (local time)")
+    if args.pause_when_busy is not None:
+        parts.append(f"pauses while other processes use more than {args.pause_when_busy:g}% CPU")
+    if args.pause_on_battery:
+        parts.append("pauses on battery")
+    return "; ".join(parts)
+
+
+def _gpu_only_backends() -> list[str]:
+    """--gpu-only: claim CUDA work only, on a machine where torch sees a CUDA GPU; refuse to start elsewhere."""
+    import torch
+
+    if not torch.cuda.is_available():
+        build = "built without CUDA" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no GPU found"
+        raise _Exit(f"error: --gpu-only, but torch sees no CUDA GPU on this machine (torch {torch.__version__}, "
+                    f"{build}); run without --gpu-only to lend the CPU", 2)
+    return ["cuda"]
+
+
 def _require(value: str | None, message: str) -> str:
     if not value:
         raise _Exit(message, 2)
@@ -255,10 +355,52 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _schedule(text: str):
+    from muninn_worker.owner import parse_schedule
+
+    try:
+        return parse_schedule(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _schedule_text(schedule) -> str:
+    from muninn_worker.owner import format_schedule
+
+    return format_schedule(schedule)
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage of the machine's CPU, got {text!r}") from None
+    if not 0 <= value < 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage from 0 up to (not including) 100, got {text}")
+    return value
+
+
+def _owner_options(parser: argparse.ArgumentParser) -> None:
+    """The owner's choices of how the worker uses the machine: shared by `run` and `service install`."""
+    parser.add_argument("--max-threads", type=_positive_int, metavar="N",
+                        help="at most N CPU threads for training (default: torch's choice, one per core)")
+    parser.add_argument("--threads", type=_positive_int, dest="max_threads", metavar="N",
+                        help="the former name of --max-threads")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="claim only work for the CUDA GPU (refuses to start without one)")
+    parser.add_argument("--schedule", type=_schedule, metavar="HH:MM-HH:MM",
+                        help="work only in these hours, local time (22:00-07:00 wraps midnight; several ranges "
+                             "comma-separated); outside them finish the unit in hand, then sleep")
+    parser.add_argument("--pause-when-busy", type=_percent, metavar="PERCENT",
+                        help="claim no new work while other processes use more than PERCENT of the CPU")
+    parser.add_argument("--pause-on-battery", action="store_true",
+                        help="claim no new work while the machine runs on battery (Linux)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train pieces of Muninn jobs on this machine and earn HU.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{register,run,probe,verify-certificate}")
+    commands = parser.add_subparsers(dest="command", metavar="{register,run,status,service,probe,verify-certificate}")
 
     register = commands.add_parser("register", help="register this device with your account token")
     register.add_argument("--server", help=f"site URL, e.g. https://muninn.example (env {ENV_SERVER})")
@@ -278,12 +420,29 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--claim-wait", type=_seconds, default=CLAIM_WAIT, metavar="SECONDS",
                      help=f"how long the site may hold an empty claim until work comes (a long poll; the site "
                           f"allows up to 30); 0 polls with --poll-interval instead (default {CLAIM_WAIT:g})")
-    run.add_argument("--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)")
     run.add_argument("--cache-dir", help=f"download cache (env {ENV_CACHE_DIR}; default ~/.cache/muninn-worker)")
+    _owner_options(run)
     run.add_argument("--numerics", choices=("native", "f64"),
                      help="native (default), or f64: train in float64 rounded to float32 after every step, "
                           "another device's arithmetic for testing verification (env MUNINN_WORKER_NUMERICS)")
     run.set_defaults(handler=_cmd_run)
+
+    status = commands.add_parser("status", help="show this device's reputation, today's units and earnings")
+    status.add_argument("--server", help=f"site URL (env {ENV_SERVER}; default: the registered one)")
+    status.add_argument("--config", help="config file (env MUNINN_WORKER_CONFIG)")
+    status.add_argument("--json", action="store_true", help="print the site's answer as JSON")
+    status.set_defaults(handler=_cmd_status)
+
+    service = commands.add_parser("service", help="run the worker in the background at every log-in")
+    actions = service.add_subparsers(dest="action", metavar="{install}", required=True)
+    install = actions.add_parser("install", help="write a systemd user unit (Linux), or print a launchd agent "
+                                                 "(macOS) or a Task Scheduler command (Windows)")
+    install.add_argument("--print", action="store_true", help="only print the service, write nothing")
+    install.add_argument("--server", help="site URL for the service's runs (default: the registered one)")
+    install.add_argument("--config", help="config file the service uses (env MUNINN_WORKER_CONFIG)")
+    install.add_argument("--cache-dir", help="download cache for the service's runs")
+    _owner_options(install)
+    install.set_defaults(handler=_cmd_service_install)
 
     probe = commands.add_parser("probe", help="print this device's capabilities as JSON")
     probe.set_defaults(handler=_cmd_probe)

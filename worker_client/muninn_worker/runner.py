@@ -12,7 +12,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
@@ -27,6 +27,7 @@ from muninn_worker.challenge import (CheckpointStore, answer_open_challenges, ru
                                     upload_challenged_checkpoints)
 from muninn_worker.config import CLAIM_WAIT
 from muninn_worker.failpoints import failpoint
+from muninn_worker.pause import Gate
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
 from muninn_worker.segments import Checkpoint
@@ -74,6 +75,8 @@ def run(
     clock: Callable[[], float] = time.monotonic,
     numerics: str = "native",
     claim_wait: float = CLAIM_WAIT,
+    gate: Gate | None = None,
+    backends: Sequence[str] | None = None,
 ) -> RunStats:
     """Work until `max_units` units were handled or no work came for `exit_when_idle` seconds (None: forever).
 
@@ -83,18 +86,30 @@ def run(
     idle backoff: `poll_interval` doubling up to MAX_IDLE_DELAY, or the Retry-After when longer.
 
     `numerics` "f64" trains in float64 rounded to float32 after every step: another device's arithmetic, for
-    testing verification on CPU-only machines (muninn_worker.training)."""
+    testing verification on CPU-only machines (muninn_worker.training).
+
+    `threads` caps torch's CPU threads (it never raises them above torch's own choice). `gate` holds every claim
+    while the owner's rules say pause (muninn_worker.pause; a unit in hand is always finished first), and paused
+    time counts as time without work for `exit_when_idle`. `backends` ("cuda" for --gpu-only) asks the site for
+    units of those backends only."""
     if threads is not None:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(max(1, min(threads, torch.get_num_threads())))
     cache = ContentCache(cache_dir)
     answer_open_challenges(client, cache.root)
     stats = RunStats()
     idle = _IdleBackoff(poll_interval, max(poll_interval, MAX_IDLE_DELAY))
     idle_since = clock()
     while max_units is None or stats.units < max_units:
+        if gate is not None and not gate.wait_until_allowed(
+                None if exit_when_idle is None else exit_when_idle - (clock() - idle_since)):
+            log.info("paused, no work for %.0f s; exiting", clock() - idle_since)
+            break
         wait = claim_wait if exit_when_idle is None else min(claim_wait, exit_when_idle - (clock() - idle_since))
+        open_for = None if gate is None else gate.open_for()
+        if open_for is not None:
+            wait = min(wait, open_for)  # a claim held past the working hours would bring work outside them
         asked = clock()
-        unit = _claim(client, max(0.0, wait))
+        unit = _claim(client, max(0.0, wait), backends)
         if unit is None or unit is _FAILED:
             waited = clock() - idle_since
             if exit_when_idle is not None and waited >= exit_when_idle:
@@ -125,10 +140,10 @@ def run(
 # ------------------------------------------------------------------------------------------- steps
 
 
-def _claim(client: ApiClient, wait: float) -> dict | object | None:
+def _claim(client: ApiClient, wait: float, backends: Sequence[str] | None = None) -> dict | object | None:
     """The claimed unit or check, None when the site has nothing for us, _FAILED when the claim failed."""
     try:
-        return client.claim(wait)
+        return client.claim(wait, backends=backends)
     except NetworkError as exc:
         log.warning("%s; will try again", exc)
     except ApiError as exc:
@@ -136,6 +151,8 @@ def _claim(client: ApiClient, wait: float) -> dict | object | None:
             raise DeviceRejected(
                 f"the server refuses this device ({exc.message}); run `muninn-worker register` again"
             ) from None
+        if exc.code == "bad_backends":  # e.g. --gpu-only on a device registered without CUDA: no claim will do
+            raise DeviceRejected(f"the server refuses these claims: {exc.message}") from None
         log.warning("claim failed: %s", exc)
     return _FAILED
 

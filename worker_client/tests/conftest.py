@@ -79,6 +79,8 @@ class FakeSite:
     heartbeats: int = 0
     claim_statuses: list[int] = field(default_factory=list)  # forced statuses for the next claims
     claim_waits: list[float] = field(default_factory=list)  # the "wait" of every claim (0 when none was sent)
+    claim_backends: list[list | None] = field(default_factory=list)  # the "backends" of every claim (None: none)
+    claim_error_code: str = "forced"  # the error code of a forced claim status
     holds_claims: bool = False  # True: an empty claim is held for its wait until a unit is added (a long poll)
     held: int = 0  # claims being held now
     retry_after: str | None = None  # sent with every empty claim's 204
@@ -133,7 +135,9 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
             if self.headers.get("Authorization") != f"Device {site.device_token}":
                 return self._error(401, "not_authenticated", "Invalid device token.")
             if parts[:3] == ["api", "worker", "claim"] and method == "POST":
-                return self._claim(json.loads(body or b"{}").get("wait", 0))
+                claim = json.loads(body or b"{}")
+                site.claim_backends.append(claim.get("backends"))
+                return self._claim(claim.get("wait", 0))
             if len(parts) == 5 and parts[2] == "units":
                 unit = site.units.get(int(parts[3]))
                 if unit is None:
@@ -159,7 +163,7 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
             site.claim_waits.append(wait)
             if site.claim_statuses:
                 status = site.claim_statuses.pop(0)
-                return self._error(status, "forced", f"Forced status {status}.")
+                return self._error(status, site.claim_error_code, f"Forced status {status}.")
             with site.changed:
                 if not site.queue and site.holds_claims and wait > 0:
                     site.held += 1
