@@ -3,6 +3,7 @@ import json
 
 from django.conf import settings
 from django.http import FileResponse, HttpResponse
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -18,10 +19,11 @@ from jobs import storage
 from jobs.hu import hu_str
 from muninn import throttles
 from muninn.errors import InvalidInput, NotFound, TooLarge
+from muninn.openapi import binary, errors, retry_after_header
 
 from muninn_worker.segments import MAX_SEGMENTS
 
-from . import challenges, peers, push, results, selectors, services
+from . import challenges, peers, push, results, schema, selectors, services
 from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
@@ -59,12 +61,19 @@ class DeviceRegisterView(APIView):
     authentication_classes = [TokenAuthentication]
     permission_classes = [IsContributor]
 
+    @extend_schema(summary="Register a device", request=DeviceRegisterSerializer,
+                   responses={201: schema.DeviceRegisteredSerializer, **errors(403, 409, codes={
+                       403: "`too_many_devices`", 409: "`public_key_taken`"})})
     def post(self, request):
         data = DeviceRegisterSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         device, token = services.device_register(owner=request.user, **data.validated_data)
         return Response({"device_id": device.pk, "device_token": token, "name": device.name,
                          "quarantined": device.quarantined_at is not None}, status=201)
+
+
+UNIT_ERRORS = errors(409, codes={409: "`lease_lost`, `already_done`, `unit_cancelled`"})
+CHECK_ERRORS = errors(409, codes={409: "`lease_lost`"})
 
 
 class DeviceView(APIView):
@@ -108,6 +117,13 @@ class ClaimView(DeviceView):
     throttle_classes = [throttles.ClaimThrottle]
     """A claim, held up to `wait` seconds (body {"wait": 25} or ?wait=25) until a unit is queued for the device."""
 
+    @extend_schema(
+        summary="Claim a work unit (or a peer check)", request=schema.ClaimSerializer,
+        parameters=[OpenApiParameter("wait", {"type": "number", "minimum": 0}, description="As the body's `wait`"),
+                    retry_after_header(204, required=False)],
+        responses={200: schema.CLAIMED,
+                   204: OpenApiResponse(description="Nothing to do now: claim again (after Retry-After, if sent)"),
+                   **errors(403, 409, codes={400: "`bad_wait`", 403: "`device_quarantined`", 409: "`lease_limit`"})})
     def post(self, request):
         try:
             claim = push.unit_claim_wait(device=request.auth, wait=claim_wait(request))
@@ -123,12 +139,14 @@ class ClaimView(DeviceView):
 class CheckStartView(DeviceView):
     """A peer check's start: the checked device's checkpoint at the segment's first boundary."""
 
+    @extend_schema(summary="A peer check's start checkpoint", responses={**binary("The checkpoint"), **CHECK_ERRORS})
     def get(self, request, check_id: int):
         check = peers.leased_check(device=request.auth, check_id=check_id)
         return HttpResponse(peers.start_checkpoint_bytes(check), content_type="application/octet-stream")
 
 
 class CheckShardView(DeviceView):
+    @extend_schema(summary="A peer check's shard", responses={**binary("safetensors: X and y"), **CHECK_ERRORS})
     def get(self, request, check_id: int):
         check = peers.leased_check(device=request.auth, check_id=check_id)
         return FileResponse(storage.blob_open(check.receipt.unit.shard_sha256),
@@ -136,6 +154,8 @@ class CheckShardView(DeviceView):
 
 
 class CheckBaseView(DeviceView):
+    @extend_schema(summary="A peer check's base weights (lora)",
+                   responses={**binary("safetensors of the frozen base"), **CHECK_ERRORS})
     def get(self, request, check_id: int):
         job = peers.leased_check(device=request.auth, check_id=check_id).receipt.unit.round.job
         if job.base_weights_id is None:
@@ -148,6 +168,10 @@ class CheckResultView(DeviceView):
 
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(summary="A peer check's result", request={"multipart/form-data": schema.CheckResultUploadSerializer},
+                   responses={201: schema.CheckResultAnswerSerializer, **CHECK_ERRORS, **errors(400, codes={
+                       400: "`no_checkpoint`, `bad_checkpoint`, `bad_receipt`, `bad_signature`, `no_signature`, "
+                            "`receipt_mismatch`"})})
     def post(self, request, check_id: int):
         upload = request.FILES.get("checkpoint")
         if upload is None:
@@ -168,12 +192,14 @@ class CheckResultView(DeviceView):
 
 
 class UnitWeightsView(DeviceView):
+    @extend_schema(summary="A unit's global weights", responses={**binary("safetensors"), **UNIT_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         return FileResponse(storage.blob_open(unit.round.weights_sha256), content_type="application/octet-stream")
 
 
 class UnitShardView(DeviceView):
+    @extend_schema(summary="A unit's shard", responses={**binary("safetensors: X and y"), **UNIT_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         return FileResponse(storage.blob_open(unit.shard_sha256), content_type="application/octet-stream")
@@ -182,6 +208,7 @@ class UnitShardView(DeviceView):
 class UnitBaseView(DeviceView):
     """LoRA: the job's frozen base weights (safetensors), the same for every unit of the job: cache by hash."""
 
+    @extend_schema(summary="A lora unit's base weights", responses={**binary("safetensors"), **UNIT_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         job = unit.round.job
@@ -192,6 +219,9 @@ class UnitBaseView(DeviceView):
 
 class HeartbeatView(DeviceView):
     throttle_classes = [throttles.HeartbeatThrottle]
+
+    @extend_schema(summary="Extend a unit's lease", request=None,
+                   responses={200: schema.HeartbeatSerializer, **UNIT_ERRORS})
     def post(self, request, unit_id: int):
         expires = services.unit_heartbeat(device=request.auth, unit_id=unit_id)
         return Response({"lease_expires_at": expires.isoformat().replace("+00:00", "Z"),
@@ -244,6 +274,10 @@ def credited_payload(receipt) -> dict:
 class ResultView(DeviceView):
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(summary="Upload a unit's result", request={"multipart/form-data": schema.ResultUploadSerializer},
+                   responses={201: schema.ResultAnswerSerializer, **UNIT_ERRORS, **errors(400, codes={
+                       400: "`no_weights`, `bad_receipt`, `bad_signature`, `no_signature`, `not_safetensors`, "
+                            "`too_large`, `wrong_tensors`, ... (docs/worker-protocol.md)"})})
     def post(self, request, unit_id: int):
         # Refused before the body is read: a result can be no larger than an update of this unit's weights.
         results.result_body_check(device=request.auth, unit_id=unit_id,  # BodyLimitMiddleware refused non-numbers
@@ -276,6 +310,10 @@ class CheckpointView(DeviceView):
 
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(summary="Upload a challenged checkpoint",
+                   request={"multipart/form-data": schema.CheckpointUploadSerializer},
+                   responses={200: schema.CheckpointAnswerSerializer, **errors(400, codes={
+                       400: "`no_checkpoint`, `bad_checkpoint`, `not_challenged`", 404: "`no_challenge`"})})
     def post(self, request, unit_id: int, boundary: int):
         upload = request.FILES.get("checkpoint")
         if upload is None:
@@ -292,6 +330,7 @@ class CheckpointView(DeviceView):
 
 
 class ChallengesView(DeviceView):
+    @extend_schema(summary="The device's open challenges", responses=schema.ChallengesSerializer)
     def get(self, request):
         return Response({"challenges": challenges.challenges_open(device=request.auth)})
 
@@ -301,6 +340,7 @@ class JobDevicesView(APIView):
 
     permission_classes = [IsCustomer]
 
+    @extend_schema(summary="The devices whose work the job accepted", responses=schema.JobDevicesSerializer)
     def get(self, request, job_id: int):
         job = job_selectors.job_get(owner=request.user, job_id=job_id)
         return Response({"job": job.pk, "devices": selectors.job_devices(job=job)})
