@@ -1,6 +1,9 @@
 """The OpenAPI schema (GET /api/schema) describes every operation: its body, its answers, its errors in the one
-error shape, its credentials, and the range of its ids."""
+error shape, its credentials, and the range of its ids; the docs page (/api/docs) shows it from the site's own
+files under the site's Content-Security-Policy. tests/test_api_contract.py holds the live site to the schema."""
 from __future__ import annotations
+
+import re
 
 import pytest
 from django.core.management import call_command
@@ -124,3 +127,22 @@ def test_an_id_out_of_range_is_a_404_in_the_error_shape(customer_api, job_id):
 
     assert response.status_code == 404
     assert set(response.json()["error"]) == {"code", "message", "detail"}
+
+
+def test_the_docs_page_loads_only_the_sites_own_files_under_its_policy(settings):
+    settings.DEBUG = False
+    page = Client().get("/api/docs")
+    html = page.content.decode()
+
+    assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
+    assert "script-src 'self'" in page["Content-Security-Policy"]
+    assert "style-src 'self'" in page["Content-Security-Policy"]
+    sources = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert sources and all(s.startswith("/") for s in sources), sources  # no CDN
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>|<style\b|\sstyle=", html)  # nothing inline
+    script = Client().get("/api/docs?script=")
+    assert script.status_code == 200 and script["Content-Type"] == "application/javascript"
+    assert "/api/schema" in script.content.decode()
+    for source in sources:
+        if source.startswith("/static/"):
+            assert Client().get(source).status_code == 200, source

@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from static/ (the docs page loads nothing from a CDN)
     "accounts",
     "jobs",
     "billing",
@@ -173,8 +174,8 @@ MUNINN_THROTTLES = {scope: env.str("MUNINN_THROTTLE_" + scope.upper().replace("-
 # The cache the throttles count in: CACHE_URL (redis://host:6379/1: shared by every web process, as a site on
 # several machines needs); by default each process's memory (one machine).
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
-# The OpenAPI schema (GET /api/schema) is generated from the views, serializers and their
-# extend_schema declarations (muninn/openapi.py).
+# The OpenAPI schema (GET /api/schema, read at /api/docs) is generated from the views, serializers and their
+# extend_schema declarations (muninn/openapi.py); tests/test_api_contract.py holds the site to it.
 SPECTACULAR_SETTINGS = {
     "TITLE": "Muninn API",
     "VERSION": "0.1.0",
@@ -199,6 +200,10 @@ SPECTACULAR_SETTINGS = {
         "PayoutStatusEnum": "billing.models.Payout.Status",
         "TopUpStatusEnum": "billing.models.TopUp.Status",
     },
+    "SWAGGER_UI_DIST": "SIDECAR",
+    # No validator badge: Swagger UI would fetch it from validator.swagger.io
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
 }
 
 # --- Celery ---------------------------------------------------------------------------------------
