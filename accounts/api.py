@@ -8,12 +8,13 @@ from rest_framework.views import APIView
 from muninn import throttles
 from muninn.errors import MuninnError
 from muninn.openapi import errors
+from muninn.serializers import StrictSerializer
 
 from . import services
 from .models import User
 
 
-class SignupSerializer(serializers.Serializer):
+class SignupSerializer(StrictSerializer):
     # The model's own rules (letters, digits and @.+-_), checked here: the schema shows them and a username the
     # model would refuse is a 400, not an error inside the service.
     username = serializers.CharField(max_length=150, validators=[User.username_validator])
@@ -46,7 +47,7 @@ class SignupView(APIView):
                          "token": services.token_for(user=user)}, status=201)
 
 
-class TokenSerializer(serializers.Serializer):
+class TokenSerializer(StrictSerializer):
     username = serializers.CharField()
     password = serializers.CharField(write_only=True)
 

@@ -14,6 +14,7 @@ from jobs import services as job_services
 from jobs.api import TRAINING_FIELDS, JobCreateSerializer, JobDetailSerializer, parse_choice, training_choice
 from jobs.hu import hu_str
 from muninn.openapi import errors
+from muninn.serializers import StrictSerializer
 
 from . import money, payments, payouts, selectors, services, stripe_gateway
 from .models import Account, Payout, Quote, TopUp, Transaction
@@ -278,7 +279,7 @@ class AmountField(serializers.DecimalField):
     """An amount in the currency, whole cents, as a decimal string ("20.00")."""
 
 
-class AmountSerializer(serializers.Serializer):
+class AmountSerializer(StrictSerializer):
     amount = AmountField(max_digits=14, decimal_places=2, min_value=0)  # in the currency, e.g. "20.00"
 
 

@@ -1,8 +1,9 @@
 """The worker API (docs/worker-protocol.md): thin views over contributors.services."""
 import json
+from collections.abc import Mapping
 
 from django.conf import settings
-from django.http import FileResponse, HttpResponse
+from django.http import FileResponse, HttpResponse, QueryDict
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.authentication import TokenAuthentication
@@ -20,6 +21,7 @@ from jobs.hu import hu_str
 from muninn import throttles
 from muninn.errors import InvalidInput, NotFound, TooLarge
 from muninn.openapi import binary, errors, retry_after_header
+from muninn.serializers import StrictSerializer
 
 from muninn_worker.segments import MAX_SEGMENTS
 
@@ -28,12 +30,12 @@ from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
 
-class GpuSerializer(serializers.Serializer):
+class GpuSerializer(StrictSerializer):
     name = serializers.CharField(max_length=200)
     memory_bytes = serializers.IntegerField(min_value=0)
 
 
-class CapabilitiesSerializer(serializers.Serializer):
+class CapabilitiesSerializer(StrictSerializer):
     cpu_cores = serializers.IntegerField(min_value=1, max_value=4096)
     ram_bytes = serializers.IntegerField(min_value=0)
     backends = serializers.ListField(child=serializers.ChoiceField(choices=["cpu", "cuda", "mps"]), min_length=1)
@@ -43,7 +45,7 @@ class CapabilitiesSerializer(serializers.Serializer):
     flops_per_s = serializers.FloatField(min_value=0, required=False, default=0.0)
 
 
-class DeviceRegisterSerializer(serializers.Serializer):
+class DeviceRegisterSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
     capabilities = CapabilitiesSerializer()
     public_key = serializers.CharField(max_length=64, help_text="base64 Ed25519 public key that signs receipts")
@@ -83,11 +85,22 @@ class DeviceView(APIView):
 
 def claim_wait(request) -> float:
     """The seconds a claim may be held: the body's "wait", else the query's, else 0 (answer at once). Longer
-    than MUNINN_CLAIM_WAIT_MAX is cut to it; anything but a number from 0 up is refused."""
-    data = request.data if isinstance(request.data, dict) else {}
-    value = data.get("wait", request.query_params.get("wait", 0))
+    than MUNINN_CLAIM_WAIT_MAX is cut to it; anything but a number from 0 up is refused, in the body or the query
+    (also a bad query beside a good body)."""
+    data = request.data
+    if not isinstance(data, Mapping):
+        raise InvalidInput("A claim's body is a JSON object: {} or {\"wait\": seconds}.", code="invalid")
+    given = [(data["wait"], not isinstance(data, QueryDict))] if "wait" in data else []
+    if "wait" in request.query_params:
+        given.append((request.query_params["wait"], False))
+    waits = [_seconds(value, json=json) for value, json in given]
+    return min(waits[0], settings.MUNINN_CLAIM_WAIT_MAX) if waits else 0.0
+
+
+def _seconds(value, *, json: bool) -> float:
+    """A wait from a JSON body must be a number; from the query or a form, a string that reads as one."""
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or (json and not isinstance(value, (int, float))):
             raise ValueError
         wait = float(value)
     except (TypeError, ValueError):
@@ -96,7 +109,7 @@ def claim_wait(request) -> float:
         raise InvalidInput(f"'wait' must be a number of seconds from 0 to {settings.MUNINN_CLAIM_WAIT_MAX:g} "
                            f"(got {str(value)[:40]!r}).", code="bad_wait",
                            detail={"max": settings.MUNINN_CLAIM_WAIT_MAX})
-    return min(wait, settings.MUNINN_CLAIM_WAIT_MAX)
+    return wait
 
 
 def unit_payload(claim: services.Claim) -> dict:

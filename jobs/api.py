@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from accounts.permissions import IsCustomer
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 from muninn.openapi import binary, errors
+from muninn.serializers import StrictSerializer
 from muninn_worker import tensors, zoo
 
 from . import selectors, services, storage
@@ -130,7 +131,7 @@ class JobDetailSerializer(JobSerializer):
         return RoundSerializer(selectors.job_rounds(job=job).prefetch_related("units"), many=True).data
 
 
-class JobCreateSerializer(serializers.Serializer):
+class JobCreateSerializer(StrictSerializer):
     dataset = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     template = serializers.ChoiceField(choices=sorted(zoo.TEMPLATES))
     hparams = serializers.DictField(required=False, default=dict,
@@ -153,8 +154,8 @@ class JobCreateSerializer(serializers.Serializer):
 
 JOB_ERRORS = errors(400, 402, 409, 410, codes={
     400: "`invalid`, `bad_hparams`, `bad_rounds`, `bad_algorithm`, `incompatible_data`, `bad_quote`, "
-         "`quote_mismatch`, ...", 402: "`insufficient_balance`", 409: "`not_startable`, `quote_used`",
-    410: "`quote_expired`"})
+         "`quote_mismatch`, ...", 402: "`insufficient_balance`", 404: "`not_found` (the dataset, base weights or quote)",
+    409: "`not_startable`, `quote_used`", 410: "`quote_expired`"})
 
 
 class JobListView(APIView):
@@ -194,7 +195,7 @@ class JobDetailView(APIView):
         return Response(JobDetailSerializer(job, context={"capacity": self.capacity}).data)
 
 
-class JobStartSerializer(serializers.Serializer):
+class JobStartSerializer(StrictSerializer):
     quote = serializers.UUIDField(required=False)
 
 
