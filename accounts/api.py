@@ -16,9 +16,9 @@ from .models import User
 
 class SignupSerializer(StrictSerializer):
     # The model's own rules (letters, digits and @.+-_), checked here: the schema shows them and a username the
-    # model would refuse is a 400, not an error inside the service.
+    # model would refuse is a 400, not an error inside the service. A password is taken as typed (not trimmed).
     username = serializers.CharField(max_length=150, validators=[User.username_validator])
-    password = serializers.CharField(min_length=8, max_length=128, write_only=True)
+    password = serializers.CharField(min_length=8, max_length=128, write_only=True, trim_whitespace=False)
     email = serializers.EmailField(required=False, allow_blank=True, max_length=254)
     role = serializers.ChoiceField(choices=[User.Role.CUSTOMER, User.Role.CONTRIBUTOR])
 
@@ -49,7 +49,7 @@ class SignupView(APIView):
 
 class TokenSerializer(StrictSerializer):
     username = serializers.CharField()
-    password = serializers.CharField(write_only=True)
+    password = serializers.CharField(write_only=True, trim_whitespace=False)  # as typed, as the login page takes it
 
 
 class TokenResultSerializer(serializers.Serializer):

@@ -3,6 +3,7 @@ import json
 from collections.abc import Mapping
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.http import FileResponse, HttpResponse, QueryDict
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -30,14 +31,17 @@ from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
 
+MAX_BYTES = 2**63 - 1  # memory sizes are stored in bigint columns (Device.memory_bytes, gpu_memory_bytes)
+
+
 class GpuSerializer(StrictSerializer):
     name = serializers.CharField(max_length=200)
-    memory_bytes = serializers.IntegerField(min_value=0)
+    memory_bytes = serializers.IntegerField(min_value=0, max_value=MAX_BYTES)
 
 
 class CapabilitiesSerializer(StrictSerializer):
     cpu_cores = serializers.IntegerField(min_value=1, max_value=4096)
-    ram_bytes = serializers.IntegerField(min_value=0)
+    ram_bytes = serializers.IntegerField(min_value=0, max_value=MAX_BYTES)
     backends = serializers.ListField(child=serializers.ChoiceField(choices=["cpu", "cuda", "mps"]), min_length=1)
     gpus = serializers.ListField(child=GpuSerializer(), required=False, default=list, max_length=64)
     torch_version = serializers.CharField(max_length=64)
@@ -45,10 +49,15 @@ class CapabilitiesSerializer(StrictSerializer):
     flops_per_s = serializers.FloatField(min_value=0, required=False, default=0.0)
 
 
+PUBLIC_KEY = "public_key must be base64 of a 32-byte Ed25519 public key"
+
+
 class DeviceRegisterSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
     capabilities = CapabilitiesSerializer()
-    public_key = serializers.CharField(max_length=64, help_text="base64 Ed25519 public key that signs receipts")
+    # base64 of 32 bytes, padded: the pattern says it in the schema; load_public_key checks the key
+    public_key = serializers.CharField(max_length=64, help_text="base64 Ed25519 public key that signs receipts",
+                                       validators=[RegexValidator(r"^[A-Za-z0-9+/]{43}=\Z", message=PUBLIC_KEY)])
 
     def validate_public_key(self, value: str) -> str:
         try:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
+from accounts import services as accounts
 from accounts.models import User
+from muninn_worker import signing
 from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -27,6 +29,15 @@ def test_a_sign_up_the_account_model_refuses_is_a_400_naming_the_field(change):
     assert response.status_code == 400
     assert set(error_of(response)["detail"]) == set(change)
     assert not User.objects.exists()
+
+
+def test_a_password_is_taken_as_typed_not_trimmed():
+    APIClient().post("/api/auth/signup", {**SIGNUP, "password": "  spaced out  "}, format="json")
+
+    as_typed = APIClient().post("/api/auth/token", {"username": "newcomer", "password": "  spaced out  "}, format="json")
+    trimmed = APIClient().post("/api/auth/token", {"username": "newcomer", "password": "spaced out"}, format="json")
+
+    assert as_typed.status_code == 200 and trimmed.status_code == 400
 
 
 def test_a_username_already_taken_is_a_409(customer):
@@ -93,3 +104,16 @@ def test_the_merged_model_of_a_job_that_is_not_lora_is_not_found(customer_api, d
     response = customer_api.get(f"/api/jobs/{job['id']}/model?artefact=merged")
 
     assert response.status_code == 404
+
+
+@pytest.mark.parametrize("change", [{"ram_bytes": 2**63}, {"gpus": [{"name": "big", "memory_bytes": 2**63}]}])
+def test_a_device_with_more_memory_than_a_bigint_is_a_400(contributor, change):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {accounts.token_for(user=contributor)}")
+    capabilities = {"cpu_cores": 2, "ram_bytes": 2**33, "backends": ["cpu"], "torch_version": "2.13.0", **change}
+
+    response = client.post("/api/worker/devices", {"name": "laptop", "capabilities": capabilities,
+                                                   "public_key": signing.public_key_of(signing.new_private_key())},
+                           format="json")
+
+    assert response.status_code == 400 and "capabilities" in error_of(response)["detail"]

@@ -18,7 +18,7 @@ MAX_ID = 2**63 - 1
 @pytest.fixture(scope="module")
 def schema(django_db_blocker) -> dict:
     with django_db_blocker.unblock():
-        response = Client().get("/api/schema", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+        response = Client().get("/api/schema?format=json")  # as the README says (YAML without it)
     assert response.status_code == 200
     return response.json()
 
@@ -111,6 +111,21 @@ def test_statuses_that_follow_from_a_view_are_declared(schema):
     assert {"402", "409", "410"} <= set(paths["/api/jobs/{job_id}/start"]["post"]["responses"])
     assert {"204", "403", "409"} <= set(paths["/api/worker/claim"]["post"]["responses"])
     assert {"413", "409"} <= set(paths["/api/worker/units/{unit_id}/result"]["post"]["responses"])
+
+
+def test_request_text_says_what_the_api_refuses(schema):
+    import re
+
+    components = schema["components"]["schemas"]
+    name = components["DeviceRegisterRequest"]["properties"]["name"]["pattern"]
+    password = components["TokenRequest"]["properties"]["password"]["pattern"]
+    key = components["DeviceRegisterRequest"]["properties"]["public_key"]["pattern"]
+
+    assert [bool(re.search(name, text)) for text in ("laptop", " laptop ", "   ", "lap\x00top")] == [
+        True, True, False, False]  # trimmed, it may not be blank; never a NUL
+    assert [bool(re.search(password, text)) for text in ("  spaced  ", "   ", "pass\x00word")] == [True, True, False]
+    assert re.search(key, "A" * 43 + "=") and not re.search(key, "not-a-key")
+    assert components["SignupRequest"]["properties"]["username"]["pattern"] == r"^[\w.@+-]+$"
 
 
 def test_path_ids_range_over_the_database_ids(schema):

@@ -8,7 +8,8 @@
   body is read.
 - `DeviceTokenScheme`: the worker's `Authorization: Device <token>` (contributors/authentication.py).
 - `binary(...)`: a 200 that is a file (weights, shards, checkpoints, the trained model).
-- Bodies are documented as JSON, or as multipart where a view takes files (see `AutoSchema.map_parsers`).
+- Bodies are documented as JSON, or as multipart where a view takes files (see `AutoSchema.map_parsers`), their
+  text fields with what DRF's CharField refuses (a NUL character; only whitespace where it may not be blank).
 
 Path ids are integers from 1 to 2**63 - 1 (the `id` converter: settings.SPECTACULAR_SETTINGS).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import force_instance
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field
 from rest_framework import permissions, serializers
@@ -85,6 +87,11 @@ _ONLY_401 = {"rest_framework.permissions.AllowAny", "rest_framework.permissions.
              "contributors.authentication.HasDevice"}
 _UNSAFE = ("POST", "PUT", "PATCH", "DELETE")
 
+# What DRF's CharField takes, as a pattern: never a NUL character (it refuses them; PostgreSQL cannot store them),
+# and where it trims whitespace and may not be blank, at least one character that is not whitespace.
+TEXT = "^[^\\u0000]*$"
+TEXT_NOT_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
+
 
 class AutoSchema(openapi.AutoSchema):
     """drf-spectacular's, with the error responses that follow from the view's settings added to each operation's
@@ -115,6 +122,16 @@ class AutoSchema(openapi.AutoSchema):
         if any(self.method in getattr(t, "methods", ()) for t in view.get_throttles()):
             statuses.append(429)
         return statuses
+
+    def _map_basic_serializer(self, serializer, direction):
+        schema = super()._map_basic_serializer(serializer, direction)
+        if direction == "request":  # after the field's own validators had their say (a RegexField's pattern)
+            for name, field in force_instance(serializer).fields.items():
+                prop = schema["properties"].get(name, {})
+                if (isinstance(field, serializers.CharField) and prop.get("type") == "string"
+                        and not {"pattern", "format", "enum"} & set(prop)):
+                    prop["pattern"] = TEXT if field.allow_blank or not field.trim_whitespace else TEXT_NOT_BLANK
+        return schema
 
     def map_parsers(self):
         # Bodies are documented as JSON: the views parse form posts too (DRF's default parsers), but a form cannot
