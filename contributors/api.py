@@ -1,8 +1,11 @@
 """The worker API (docs/worker-protocol.md): thin views over contributors.services."""
 import json
+from collections.abc import Mapping
 
 from django.conf import settings
-from django.http import FileResponse, HttpResponse
+from django.core.validators import RegexValidator
+from django.http import FileResponse, HttpResponse, QueryDict
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -18,22 +21,27 @@ from jobs import storage
 from jobs.hu import hu_str
 from muninn import throttles
 from muninn.errors import InvalidInput, NotFound, TooLarge
+from muninn.openapi import binary, errors, retry_after_header
+from muninn.serializers import StrictSerializer
 
 from muninn_worker.segments import MAX_SEGMENTS
 
-from . import challenges, peers, push, results, selectors, services
+from . import challenges, peers, push, results, schema, selectors, services
 from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
 
-class GpuSerializer(serializers.Serializer):
+MAX_BYTES = 2**63 - 1  # memory sizes are stored in bigint columns (Device.memory_bytes, gpu_memory_bytes)
+
+
+class GpuSerializer(StrictSerializer):
     name = serializers.CharField(max_length=200)
-    memory_bytes = serializers.IntegerField(min_value=0)
+    memory_bytes = serializers.IntegerField(min_value=0, max_value=MAX_BYTES)
 
 
-class CapabilitiesSerializer(serializers.Serializer):
+class CapabilitiesSerializer(StrictSerializer):
     cpu_cores = serializers.IntegerField(min_value=1, max_value=4096)
-    ram_bytes = serializers.IntegerField(min_value=0)
+    ram_bytes = serializers.IntegerField(min_value=0, max_value=MAX_BYTES)
     backends = serializers.ListField(child=serializers.ChoiceField(choices=["cpu", "cuda", "mps"]), min_length=1)
     gpus = serializers.ListField(child=GpuSerializer(), required=False, default=list, max_length=64)
     torch_version = serializers.CharField(max_length=64)
@@ -41,10 +49,15 @@ class CapabilitiesSerializer(serializers.Serializer):
     flops_per_s = serializers.FloatField(min_value=0, required=False, default=0.0)
 
 
-class DeviceRegisterSerializer(serializers.Serializer):
+PUBLIC_KEY = "public_key must be base64 of a 32-byte Ed25519 public key"
+
+
+class DeviceRegisterSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
     capabilities = CapabilitiesSerializer()
-    public_key = serializers.CharField(max_length=64, help_text="base64 Ed25519 public key that signs receipts")
+    # base64 of 32 bytes, padded: the pattern says it in the schema; load_public_key checks the key
+    public_key = serializers.CharField(max_length=64, help_text="base64 Ed25519 public key that signs receipts",
+                                       validators=[RegexValidator(r"^[A-Za-z0-9+/]{43}=\Z", message=PUBLIC_KEY)])
 
     def validate_public_key(self, value: str) -> str:
         try:
@@ -59,12 +72,19 @@ class DeviceRegisterView(APIView):
     authentication_classes = [TokenAuthentication]
     permission_classes = [IsContributor]
 
+    @extend_schema(summary="Register a device", request=DeviceRegisterSerializer,
+                   responses={201: schema.DeviceRegisteredSerializer, **errors(403, 409, codes={
+                       403: "`too_many_devices`", 409: "`public_key_taken`"})})
     def post(self, request):
         data = DeviceRegisterSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         device, token = services.device_register(owner=request.user, **data.validated_data)
         return Response({"device_id": device.pk, "device_token": token, "name": device.name,
                          "quarantined": device.quarantined_at is not None}, status=201)
+
+
+UNIT_ERRORS = errors(409, codes={409: "`lease_lost`, `already_done`, `unit_cancelled`"})
+CHECK_ERRORS = errors(409, codes={409: "`lease_lost`"})
 
 
 class DeviceView(APIView):
@@ -74,11 +94,22 @@ class DeviceView(APIView):
 
 def claim_wait(request) -> float:
     """The seconds a claim may be held: the body's "wait", else the query's, else 0 (answer at once). Longer
-    than MUNINN_CLAIM_WAIT_MAX is cut to it; anything but a number from 0 up is refused."""
-    data = request.data if isinstance(request.data, dict) else {}
-    value = data.get("wait", request.query_params.get("wait", 0))
+    than MUNINN_CLAIM_WAIT_MAX is cut to it; anything but a number from 0 up is refused, in the body or the query
+    (also a bad query beside a good body)."""
+    data = request.data
+    if not isinstance(data, Mapping):
+        raise InvalidInput("A claim's body is a JSON object: {} or {\"wait\": seconds}.", code="invalid")
+    given = [(data["wait"], not isinstance(data, QueryDict))] if "wait" in data else []
+    if "wait" in request.query_params:
+        given.append((request.query_params["wait"], False))
+    waits = [_seconds(value, json=json) for value, json in given]
+    return min(waits[0], settings.MUNINN_CLAIM_WAIT_MAX) if waits else 0.0
+
+
+def _seconds(value, *, json: bool) -> float:
+    """A wait from a JSON body must be a number; from the query or a form, a string that reads as one."""
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or (json and not isinstance(value, (int, float))):
             raise ValueError
         wait = float(value)
     except (TypeError, ValueError):
@@ -87,7 +118,7 @@ def claim_wait(request) -> float:
         raise InvalidInput(f"'wait' must be a number of seconds from 0 to {settings.MUNINN_CLAIM_WAIT_MAX:g} "
                            f"(got {str(value)[:40]!r}).", code="bad_wait",
                            detail={"max": settings.MUNINN_CLAIM_WAIT_MAX})
-    return min(wait, settings.MUNINN_CLAIM_WAIT_MAX)
+    return wait
 
 
 CLAIM_BACKENDS = ("cpu", "cuda", "mps")
@@ -126,6 +157,13 @@ class ClaimView(DeviceView):
     throttle_classes = [throttles.ClaimThrottle]
     """A claim, held up to `wait` seconds (body {"wait": 25} or ?wait=25) until a unit is queued for the device."""
 
+    @extend_schema(
+        summary="Claim a work unit (or a peer check)", request=schema.ClaimSerializer,
+        parameters=[OpenApiParameter("wait", {"type": "number", "minimum": 0}, description="As the body's `wait`"),
+                    retry_after_header(204, required=False)],
+        responses={200: schema.CLAIMED,
+                   204: OpenApiResponse(description="Nothing to do now: claim again (after Retry-After, if sent)"),
+                   **errors(403, 409, codes={400: "`bad_wait`", 403: "`device_quarantined`", 409: "`lease_limit`"})})
     def post(self, request):
         try:
             claim = push.unit_claim_wait(device=request.auth, wait=claim_wait(request),
@@ -142,12 +180,14 @@ class ClaimView(DeviceView):
 class CheckStartView(DeviceView):
     """A peer check's start: the checked device's checkpoint at the segment's first boundary."""
 
+    @extend_schema(summary="A peer check's start checkpoint", responses={**binary("The checkpoint"), **CHECK_ERRORS})
     def get(self, request, check_id: int):
         check = peers.leased_check(device=request.auth, check_id=check_id)
         return HttpResponse(peers.start_checkpoint_bytes(check), content_type="application/octet-stream")
 
 
 class CheckShardView(DeviceView):
+    @extend_schema(summary="A peer check's shard", responses={**binary("safetensors: X and y"), **CHECK_ERRORS})
     def get(self, request, check_id: int):
         check = peers.leased_check(device=request.auth, check_id=check_id)
         return FileResponse(storage.blob_open(check.receipt.unit.shard_sha256),
@@ -155,6 +195,8 @@ class CheckShardView(DeviceView):
 
 
 class CheckBaseView(DeviceView):
+    @extend_schema(summary="A peer check's base weights (lora)",
+                   responses={**binary("safetensors of the frozen base"), **CHECK_ERRORS})
     def get(self, request, check_id: int):
         job = peers.leased_check(device=request.auth, check_id=check_id).receipt.unit.round.job
         if job.base_weights_id is None:
@@ -167,6 +209,10 @@ class CheckResultView(DeviceView):
 
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(summary="A peer check's result", request={"multipart/form-data": schema.CheckResultUploadSerializer},
+                   responses={201: schema.CheckResultAnswerSerializer, **CHECK_ERRORS, **errors(400, codes={
+                       400: "`no_checkpoint`, `bad_checkpoint`, `bad_receipt`, `bad_signature`, `no_signature`, "
+                            "`receipt_mismatch`"})})
     def post(self, request, check_id: int):
         upload = request.FILES.get("checkpoint")
         if upload is None:
@@ -187,12 +233,14 @@ class CheckResultView(DeviceView):
 
 
 class UnitWeightsView(DeviceView):
+    @extend_schema(summary="A unit's global weights", responses={**binary("safetensors"), **UNIT_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         return FileResponse(storage.blob_open(unit.round.weights_sha256), content_type="application/octet-stream")
 
 
 class UnitShardView(DeviceView):
+    @extend_schema(summary="A unit's shard", responses={**binary("safetensors: X and y"), **UNIT_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         return FileResponse(storage.blob_open(unit.shard_sha256), content_type="application/octet-stream")
@@ -201,6 +249,7 @@ class UnitShardView(DeviceView):
 class UnitBaseView(DeviceView):
     """LoRA: the job's frozen base weights (safetensors), the same for every unit of the job: cache by hash."""
 
+    @extend_schema(summary="A lora unit's base weights", responses={**binary("safetensors"), **UNIT_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         job = unit.round.job
@@ -211,6 +260,9 @@ class UnitBaseView(DeviceView):
 
 class HeartbeatView(DeviceView):
     throttle_classes = [throttles.HeartbeatThrottle]
+
+    @extend_schema(summary="Extend a unit's lease", request=None,
+                   responses={200: schema.HeartbeatSerializer, **UNIT_ERRORS})
     def post(self, request, unit_id: int):
         expires = services.unit_heartbeat(device=request.auth, unit_id=unit_id)
         return Response({"lease_expires_at": expires.isoformat().replace("+00:00", "Z"),
@@ -263,6 +315,10 @@ def credited_payload(receipt) -> dict:
 class ResultView(DeviceView):
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(summary="Upload a unit's result", request={"multipart/form-data": schema.ResultUploadSerializer},
+                   responses={201: schema.ResultAnswerSerializer, **UNIT_ERRORS, **errors(400, codes={
+                       400: "`no_weights`, `bad_receipt`, `bad_signature`, `no_signature`, `not_safetensors`, "
+                            "`too_large`, `wrong_tensors`, ... (docs/worker-protocol.md)"})})
     def post(self, request, unit_id: int):
         # Refused before the body is read: a result can be no larger than an update of this unit's weights.
         results.result_body_check(device=request.auth, unit_id=unit_id,  # BodyLimitMiddleware refused non-numbers
@@ -295,6 +351,10 @@ class CheckpointView(DeviceView):
 
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(summary="Upload a challenged checkpoint",
+                   request={"multipart/form-data": schema.CheckpointUploadSerializer},
+                   responses={200: schema.CheckpointAnswerSerializer, **errors(400, codes={
+                       400: "`no_checkpoint`, `bad_checkpoint`, `not_challenged`", 404: "`no_challenge`"})})
     def post(self, request, unit_id: int, boundary: int):
         upload = request.FILES.get("checkpoint")
         if upload is None:
@@ -311,6 +371,7 @@ class CheckpointView(DeviceView):
 
 
 class ChallengesView(DeviceView):
+    @extend_schema(summary="The device's open challenges", responses=schema.ChallengesSerializer)
     def get(self, request):
         return Response({"challenges": challenges.challenges_open(device=request.auth)})
 
@@ -320,6 +381,7 @@ class JobDevicesView(APIView):
 
     permission_classes = [IsCustomer]
 
+    @extend_schema(summary="The devices whose work the job accepted", responses=schema.JobDevicesSerializer)
     def get(self, request, job_id: int):
         job = job_selectors.job_get(owner=request.user, job_id=job_id)
         return Response({"job": job.pk, "devices": selectors.job_devices(job=job)})

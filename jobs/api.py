@@ -4,6 +4,7 @@ import io
 from django.conf import settings
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
@@ -11,6 +12,8 @@ from rest_framework.views import APIView
 
 from accounts.permissions import IsCustomer
 from muninn.errors import TooLarge
+from muninn.openapi import binary, errors
+from muninn.serializers import StrictSerializer
 from muninn_worker import certificate, zoo
 
 from . import certificates, selectors, services
@@ -31,13 +34,21 @@ class DatasetUploadSerializer(serializers.Serializer):
     tokenizer = serializers.ChoiceField(choices=["", "char", "byte"], required=False, default="")
 
 
+MAX_ID = 2**63 - 1  # a database id (muninn/converters.py): a larger one names nothing
+
+
 class DatasetListView(APIView):
     permission_classes = [IsCustomer]
     parser_classes = [MultiPartParser, FormParser]
 
+    @extend_schema(summary="Your datasets", responses=DatasetSerializer(many=True))
     def get(self, request):
         return Response(DatasetSerializer(selectors.datasets_for(owner=request.user), many=True).data)
 
+    @extend_schema(summary="Upload a dataset (CSV, NPZ, a zip of image folders, text, or safetensors base weights)",
+                   request={"multipart/form-data": DatasetUploadSerializer},
+                   responses={201: DatasetSerializer, **errors(400, codes={
+                       400: "`invalid`, `empty_file`, and the format's own (`bad_csv`, `no_target`, ...)"})})
     def post(self, request):
         data = DatasetUploadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -53,6 +64,7 @@ class DatasetListView(APIView):
 class DatasetDetailView(APIView):
     permission_classes = [IsCustomer]
 
+    @extend_schema(summary="A dataset and its profile", responses=DatasetSerializer)
     def get(self, request, dataset_id: int):
         return Response(DatasetSerializer(selectors.dataset_get(owner=request.user, dataset_id=dataset_id)).data)
 
@@ -64,6 +76,7 @@ class RoundSerializer(serializers.ModelSerializer):
         model = Round
         fields = ["number", "status", "metrics", "opened_at", "closed_at", "units"]
 
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField(), help_text="Units per status"))
     def get_units(self, rnd: Round) -> dict:
         counts: dict[str, int] = {}
         for unit in rnd.units.all():
@@ -87,6 +100,13 @@ class JobSerializer(serializers.ModelSerializer):
         return job.round_set.filter(status=Round.Status.CLOSED, result_sha256__gt="").count()
 
 
+class FlaggedUpdateSerializer(serializers.Serializer):
+    round = serializers.IntegerField()
+    unit = serializers.IntegerField()
+    reason = serializers.CharField()
+    in_model = serializers.BooleanField(help_text="Whether the update is in the model (its round was combined)")
+
+
 class JobDetailSerializer(JobSerializer):
     round_list = serializers.SerializerMethodField()
     waiting = serializers.SerializerMethodField()
@@ -95,6 +115,7 @@ class JobDetailSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + ["round_list", "waiting", "flagged_updates"]
 
+    @extend_schema_field(FlaggedUpdateSerializer(many=True))
     def get_flagged_updates(self, job: Job) -> list:
         """Updates in doubt after the fact: [{round, unit, reason, in_model}] (jobs.selectors.job_flagged_updates)."""
         return selectors.job_flagged_updates(job)
@@ -104,16 +125,19 @@ class JobDetailSerializer(JobSerializer):
         capacity = self.context.get("capacity")
         return None if capacity is None else selectors.job_waiting_reason(job, capacity)
 
+    @extend_schema_field(RoundSerializer(many=True))
     def get_round_list(self, job: Job) -> list:
         return RoundSerializer(selectors.job_rounds(job=job).prefetch_related("units"), many=True).data
 
 
-class JobCreateSerializer(serializers.Serializer):
-    dataset = serializers.IntegerField()
+class JobCreateSerializer(StrictSerializer):
+    dataset = serializers.IntegerField(min_value=1, max_value=MAX_ID)
     template = serializers.ChoiceField(choices=sorted(zoo.TEMPLATES))
-    hparams = serializers.DictField(required=False, default=dict)
+    hparams = serializers.DictField(required=False, default=dict,
+                                    help_text="The template's hyper-parameters (GET /api/templates); defaults fill in")
     rounds = serializers.IntegerField(min_value=1)
-    base_weights = serializers.IntegerField(required=False, allow_null=True, default=None)
+    base_weights = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False, allow_null=True,
+                                            default=None, help_text="lora: the dataset holding the base weights")
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
     aggregation = serializers.ChoiceField(choices=Job.Aggregation.choices, required=False,
                                           default=Job.Aggregation.FEDAVG)
@@ -127,12 +151,21 @@ class JobCreateSerializer(serializers.Serializer):
     quote = serializers.UUIDField(required=False)  # the quote accepted when the job starts (see /api/quotes)
 
 
+JOB_ERRORS = errors(400, 402, 409, 410, codes={
+    400: "`invalid`, `bad_hparams`, `bad_rounds`, `bad_algorithm`, `incompatible_data`, `bad_quote`, "
+         "`quote_mismatch`, ...", 402: "`insufficient_balance`", 404: "`not_found` (the dataset, base weights or quote)",
+    409: "`not_startable`, `quote_used`", 410: "`quote_expired`"})
+
+
 class JobListView(APIView):
     permission_classes = [IsCustomer]
 
+    @extend_schema(summary="Your jobs", responses=JobSerializer(many=True))
     def get(self, request):
         return Response(JobSerializer(selectors.jobs_for(owner=request.user), many=True).data)
 
+    @extend_schema(summary="Create a job (and start it: \"start\": true)", request=JobCreateSerializer,
+                   responses={201: JobDetailSerializer, **JOB_ERRORS})
     def post(self, request):
         data = JobCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -155,14 +188,21 @@ class JobDetailView(APIView):
     permission_classes = [IsCustomer]
     capacity = None  # wired in muninn/urls.py: contributors/ knows which devices are online
 
+    @extend_schema(summary="A job: status, rounds, metrics", responses=JobDetailSerializer)
     def get(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
         return Response(JobDetailSerializer(job, context={"capacity": self.capacity}).data)
 
 
+class JobStartSerializer(StrictSerializer):
+    quote = serializers.UUIDField(required=False)
+
+
 class JobStartView(APIView):
     permission_classes = [IsCustomer]
 
+    @extend_schema(summary="Start a created job: hold its quoted price", request=JobStartSerializer,
+                   responses={200: JobDetailSerializer, **JOB_ERRORS})
     def post(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
         data = JobStartSerializer(data=request.data)
@@ -171,13 +211,11 @@ class JobStartView(APIView):
         return Response(JobDetailSerializer(services.job_start(job_id=job.pk, quote=quote)).data)
 
 
-class JobStartSerializer(serializers.Serializer):
-    quote = serializers.UUIDField(required=False)
-
-
 class JobCancelView(APIView):
     permission_classes = [IsCustomer]
 
+    @extend_schema(summary="Cancel a job: the unused hold is released", request=None,
+                   responses={200: JobDetailSerializer, **errors(409, codes={409: "`job_ended`"})})
     def post(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
         return Response(JobDetailSerializer(services.job_cancel(job_id=job.pk)).data)
@@ -190,6 +228,14 @@ class JobModelView(APIView):
 
     permission_classes = [IsCustomer]
 
+    @extend_schema(summary="Download the trained model (safetensors)",
+                   parameters=[OpenApiParameter("artefact", str, enum=["model", "merged"], default="model",
+                                                description="`merged`: a lora job's base and adapters in one "
+                                                            "transformer (404 for other jobs)")],
+                   responses={**binary("safetensors of the model's weights, its template and model_config in the "
+                                       "metadata"),
+                              **errors(400, 409, codes={400: "`bad_artefact`",
+                                                        409: "`not_ready` (the job has not succeeded)"})})
     def get(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
         model = selectors.job_model_file(job, artefact=request.query_params.get("artefact", "model"))
@@ -211,9 +257,34 @@ class JobCertificateView(APIView):
         return response
 
 
+class HParamSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["int", "float", "int_list"])
+    default = serializers.JSONField(help_text="A number, or a list of integers for int_list")
+    minimum = serializers.FloatField(help_text="For int_list, of each item")
+    maximum = serializers.FloatField()
+    help = serializers.CharField()
+    max_items = serializers.IntegerField(required=False, help_text="int_list only")
+
+
+class TemplateSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    title = serializers.CharField()
+    description = serializers.CharField()
+    task = serializers.CharField()
+    tasks = serializers.ListField(child=serializers.CharField())
+    data = serializers.ListField(child=serializers.CharField(), help_text="Dataset kinds: table, image, text")
+    tier = serializers.ChoiceField(choices=["any", "gpu"])
+    optimizer = serializers.ChoiceField(choices=["sgd", "adam"])
+    needs_base_weights = serializers.BooleanField()
+    metrics = serializers.DictField(child=serializers.CharField(), help_text="The held-out metric per task")
+    hparams = HParamSerializer(many=True)
+
+
 class TemplateListView(APIView):
     """The template registry: tasks, metrics, data kinds, device tier, hyper-parameters with defaults and bounds."""
 
+    @extend_schema(summary="The model templates", responses=TemplateSerializer(many=True))
     def get(self, request):
         return Response([t.describe() for t in zoo.TEMPLATES.values()])
 

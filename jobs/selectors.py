@@ -8,7 +8,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.shortcuts import get_object_or_404
 from muninn_worker import tensors, zoo
 
-from muninn.errors import Conflict, InvalidInput
+from muninn.errors import Conflict, InvalidInput, NotFound
 
 from . import storage
 from .models import Dataset, Job, Round, WorkUnit
@@ -140,8 +140,8 @@ def job_model_file(job: Job, *, artefact: str = "model") -> ModelFile:
     state = tensors.bytes_to_state_dict(storage.blob_get(job.global_weights_sha256))
     template, config = job.template, job.model_config
     if artefact == "merged":
-        if job.base_weights_id is None:
-            raise InvalidInput("Only a lora job has a merged model.", code="bad_artefact")
+        if job.base_weights_id is None:  # a valid choice (the schema lists it), for a job that has no such file
+            raise NotFound("Only a lora job has a merged model.")
         base = tensors.bytes_to_state_dict(storage.blob_get(job.base_weights.sha256))
         state = zoo.merge_lora(config, base, state)
         template, config = "transformer", {k: v for k, v in config.items() if k not in ("rank", "alpha")}

@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as ModelValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
+from rest_framework.serializers import as_serializer_error
 from rest_framework.views import exception_handler
 
 
@@ -72,6 +74,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
+    elif isinstance(exc, ModelValidationError):  # a model's full_clean() in a service: the input, not the site
+        exc = exceptions.ValidationError(as_serializer_error(exc))
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from static/ (the docs page loads nothing from a CDN)
     "accounts",
     "jobs",
     "billing",
@@ -157,7 +158,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "muninn.errors.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "muninn.openapi.AutoSchema",
     "DEFAULT_THROTTLE_RATES": {},
     "NUM_PROXIES": env.int("MUNINN_NUM_PROXIES", default=None),
 }
@@ -174,7 +175,37 @@ MUNINN_THROTTLES = {scope: env.str("MUNINN_THROTTLE_" + scope.upper().replace("-
 # The cache the throttles count in: CACHE_URL (redis://host:6379/1: shared by every web process, as a site on
 # several machines needs); by default each process's memory (one machine).
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
-SPECTACULAR_SETTINGS = {"TITLE": "Muninn API", "VERSION": "0.1.0"}
+# The OpenAPI schema (GET /api/schema, read at /api/docs) is generated from the views, serializers and their
+# extend_schema declarations (muninn/openapi.py); tests/test_api_contract.py holds the site to it.
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Muninn API",
+    "VERSION": "0.1.0",
+    "DESCRIPTION": (
+        "The JSON API of Muninn, a marketplace for distributed AI training: customers upload datasets and run "
+        "jobs, contributors' devices train work units (the worker protocol: docs/worker-protocol.md). "
+        "Every error has the shape `{\"error\": {\"code\", \"message\", \"detail\"}}`."),
+    "SCHEMA_PATH_PREFIX": "/api/",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,  # request and response shapes apart: write-only fields, file uploads
+    # <id:...> (muninn/converters.py): a database id; a longer one matches no URL, a 404
+    "PATH_CONVERTER_OVERRIDES": {"id": {"type": "integer", "format": "int64", "minimum": 1, "maximum": 2**63 - 1}},
+    # One name per set of choices that several fields share (spectacular would otherwise number them)
+    "ENUM_NAME_OVERRIDES": {
+        "RoleEnum": "accounts.models.User.Role",
+        "SignupRoleEnum": ["customer", "contributor"],
+        "AlgorithmEnum": "jobs.models.Job.Algorithm",
+        "JobStatusEnum": "jobs.models.Job.Status",
+        "RoundStatusEnum": "jobs.models.Round.Status",
+        "ResultStatusEnum": "contributors.models.Receipt.Status",
+        "PeerCheckStatusEnum": "contributors.models.PeerCheck.Status",
+        "PayoutStatusEnum": "billing.models.Payout.Status",
+        "TopUpStatusEnum": "billing.models.TopUp.Status",
+    },
+    "SWAGGER_UI_DIST": "SIDECAR",
+    # No validator badge: Swagger UI would fetch it from validator.swagger.io
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+}
 
 # --- Celery ---------------------------------------------------------------------------------------
 # Default: a filesystem transport (muninn/broker.py), a broker that needs no server (one machine only).

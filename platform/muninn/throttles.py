@@ -10,7 +10,9 @@ poll and heartbeats every few seconds, and it waits out a 429's Retry-After (mun
 """
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Mapping
 
 from django.conf import settings
 from django.shortcuts import render
@@ -47,8 +49,11 @@ class LoginUsernameThrottle(_Scoped):
 
     def identity(self, request) -> str | None:
         data = getattr(request, "data", None) or request.POST
+        if not isinstance(data, Mapping):  # a JSON body that is not an object names no username (the view says 400)
+            return None
         username = str(data.get("username", "")).strip().lower()[:150]
-        return username or None
+        # hashed: a cache key holds no character a cache backend refuses (memcached: controls, spaces, > 250)
+        return hashlib.sha256(username.encode()).hexdigest() if username else None
 
 
 class SignupAddressThrottle(_Scoped):

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from accounts import api as accounts_api
 from billing import api as billing_api
@@ -48,6 +48,8 @@ api = [
     path("payouts/onboarding", billing_api.PayoutOnboardingView.as_view(), name="payout-onboarding"),
     path("worker/", include("contributors.urls")),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
+    # Swagger UI from static/ (drf-spectacular-sidecar); its start-up script is /api/docs?script, not inline
+    path("docs", SpectacularSwaggerSplitView.as_view(template_name="api_docs.html"), name="api-docs"),
 ]
 
 # The web UI. The job page shows money and devices, which live above jobs/: the project wires them in, as it
