@@ -390,5 +390,7 @@ class JobDevicesView(APIView):
 class DeviceStatusView(DeviceView):
     """The device as its owner sees it (`muninn-worker status`): its reputation, today's results and earnings."""
 
+    @extend_schema(summary="This device's standing: reputation, today's results, its owner's earnings",
+                   responses=schema.DeviceStatusSerializer)
     def get(self, request):
         return Response(selectors.device_status(device=request.auth))

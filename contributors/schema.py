@@ -161,3 +161,48 @@ class CheckResultUploadSerializer(CheckpointUploadSerializer):
     receipt = serializers.CharField(help_text='A JSON object {"check": id, "end": [weights sha256, optimizer '
                                               'sha256]}, as text')
     signature = serializers.CharField(help_text="base64 Ed25519 signature of the receipt field's exact bytes")
+
+
+class _StatusDeviceSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    backends = serializers.ListField(child=serializers.CharField())
+    registered_at = serializers.DateTimeField()
+    last_seen_at = serializers.DateTimeField(allow_null=True)
+
+
+class _ReputationSerializer(serializers.Serializer):
+    verified_streak = serializers.IntegerField()
+    verified_total = serializers.IntegerField()
+    failures = serializers.IntegerField()
+    quarantined = serializers.BooleanField()
+    quarantined_at = serializers.DateTimeField(allow_null=True)
+    quarantine_reason = serializers.CharField(allow_blank=True)
+
+
+class _TodaySerializer(serializers.Serializer):
+    since = serializers.DateTimeField(help_text="The start of the site's day")
+    accepted = serializers.IntegerField()
+    pending = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    earned_nanos = serializers.IntegerField()
+    earned = serializers.CharField()
+
+
+class _EarningsSerializer(serializers.Serializer):
+    currency = serializers.CharField()
+    pending_nanos = serializers.IntegerField()
+    pending = serializers.CharField()
+    held_nanos = serializers.IntegerField()
+    held = serializers.CharField()
+    available_nanos = serializers.IntegerField()
+    available = serializers.CharField()
+
+
+class DeviceStatusSerializer(serializers.Serializer):
+    """GET /api/worker/me (contributors.selectors.device_status)."""
+
+    device = _StatusDeviceSerializer()
+    reputation = _ReputationSerializer()
+    today = _TodaySerializer(help_text="This device's results since the start of the site's day")
+    earnings = _EarningsSerializer(help_text="The owner's account, all devices together")

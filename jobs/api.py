@@ -243,12 +243,22 @@ class JobModelView(APIView):
                             content_type="application/octet-stream")
 
 
+class CertificateSerializer(serializers.Serializer):
+    certificate = serializers.DictField(help_text="What the site certifies (README: \"Checking a certificate\")")
+    signature = serializers.CharField(help_text="Ed25519 over the certificate's canonical JSON, base64")
+    key = serializers.CharField(help_text="The site's public key, base64 (/.well-known/muninn-signing-key)")
+    algorithm = serializers.CharField(help_text="ed25519")
+
+
 class JobCertificateView(APIView):
     """The job's training certificate, signed by the site (jobs/certificates.py): JSON, as an attachment."""
 
     permission_classes = [IsCustomer]
     evidence = money = None  # wired in muninn/urls.py: receipts live in contributors/, money in billing/
 
+    @extend_schema(summary="Download the job's training certificate (signed JSON)",
+                   responses={200: CertificateSerializer, **errors(404, 409, codes={
+                       409: "`not_ready` (the job has not succeeded)"})})
     def get(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
         document = certificates.job_certificate(job, evidence=self.evidence, money=self.money)
