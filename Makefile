@@ -30,8 +30,8 @@ demo: setup  ## headless end to end: 3 worker clients train a 10-round FedAvg ML
 test: setup  ## the whole suite, on the local PostgreSQL and Redis (started if they are not answering)
 	bash scripts/test.sh
 
-test-fast: setup  ## for quick local runs: everything but the real-process suites (CI runs them all: `make test`)
-	bash scripts/test.sh -m "not faults and not e2e and not browser"
+test-fast: setup  ## for quick local runs: all but the real-process suites and the API contract run (CI runs all)
+	bash scripts/test.sh -m "not faults and not e2e and not browser and not contract"
 
 bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate.py), aiohttp (bench/load.py)
 	# --no-deps: flwr pins packaging<26 (kombu pins 26.3) and pulls ~35 server packages; this is the minimal

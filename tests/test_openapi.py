@@ -161,3 +161,18 @@ def test_the_docs_page_loads_only_the_sites_own_files_under_its_policy(settings)
     for source in sources:
         if source.startswith("/static/"):
             assert Client().get(source).status_code == 200, source
+
+
+@pytest.mark.parametrize("accept", ["application/octet-stream", "application/octet-stream, application/json", "*/*"])
+def test_a_download_asked_for_as_octet_stream_is_the_file_and_its_errors_json(customer_api, digits_dataset, accept):
+    from jobs.models import Job
+
+    job = customer_api.post("/api/jobs", {"dataset": digits_dataset["id"], "template": "mlp", "rounds": 1},
+                            format="json").json()
+    not_ready = customer_api.get(f"/api/jobs/{job['id']}/model", HTTP_ACCEPT=accept)
+    Job.objects.filter(pk=job["id"]).update(status=Job.Status.SUCCEEDED)  # its initial weights as the model
+    model = customer_api.get(f"/api/jobs/{job['id']}/model", HTTP_ACCEPT=accept)
+
+    assert not_ready.status_code == 409 and not_ready["Content-Type"] == "application/json"
+    assert not_ready.json()["error"]["code"] == "not_ready"
+    assert model.status_code == 200 and model["Content-Type"] == "application/octet-stream"

@@ -159,6 +159,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "muninn.errors.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "muninn.openapi.AutoSchema",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "muninn.negotiation.JsonFallbackNegotiation",  # never a 406
     "DEFAULT_THROTTLE_RATES": {},
     "NUM_PROXIES": env.int("MUNINN_NUM_PROXIES", default=None),
 }
