@@ -88,6 +88,7 @@ class SimulatedDevice:
         self.device, token = contributors.device_register(owner=contributor, name=name,
                                                           capabilities=capabilities or CAPABILITIES,
                                                           public_key=signing.public_key_of(self.signing_key))
+        self.token = token
         self.client = APIClient()
         self.client.credentials(HTTP_AUTHORIZATION=f"Device {token}")
         self.numerics, self.answer = numerics, answer

@@ -101,7 +101,7 @@ def site(live_server, customer, contributor, staff, customer_api, make_device, f
     return {"url": live_server.url,
             "tokens": {"customer": accounts.token_for(user=customer), "contributor": accounts.token_for(user=contributor),
                        "staff": accounts.token_for(user=staff),
-                       "device": device.client._credentials["HTTP_AUTHORIZATION"].split()[1]},
+                       "device": device.token},
             "ids": {"dataset_id": [dataset], "job_id": [finished, created, running], "unit_id": [unit["id"]],
                     "quote_id": [quote.json()["id"]]}}
 
@@ -128,8 +128,9 @@ def config(site: dict, account: str) -> str:
     lines += ["[parameters]"]
     lines += [f'"path.{name}" = {{ dictionary = "{name}", probability = 0.5 }}' for name in site["ids"]]
     lines += ['"body.dataset" = { dictionary = "dataset_id", probability = 0.5 }', ""]
-    for path in VALID_ONLY_WITH:
-        lines += ["[[operations]]", f'include-path = "{path}"', "checks.positive_data_acceptance.enabled = false", ""]
+    for path, valid_only_with in VALID_ONLY_WITH.items():
+        lines += [f"# valid only with {valid_only_with}", "[[operations]]", f'include-path = "{path}"',
+                  "checks.positive_data_acceptance.enabled = false", ""]
     for pattern in NOT_MINE[account]:
         lines += ["[[operations]]", f"include-path-regex = '{pattern}'", "phases.coverage.enabled = false", ""]
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import permissions, serializers
 from rest_framework.authentication import SessionAuthentication
 
+
 @extend_schema_field({"oneOf": [{"type": "object", "additionalProperties": {}}, {"type": "array", "items": {}}]})
 class _DetailField(serializers.JSONField):
     pass
@@ -46,7 +47,6 @@ WHY = {
     402: "Not enough money: `insufficient_balance` (the customer's balance) or `above_available` (earnings).",
     403: "Not allowed for this account or device.",
     404: "No such object (or not yours).",
-    405: "Method not allowed.",
     409: "Conflicts with the object's state.",
     410: "Gone: the quote has expired (`quote_expired`).",
     413: "The body is too large (`too_large`), refused from its Content-Length before it is read.",
