@@ -35,10 +35,18 @@ def _isolated_media(settings, tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    """Each test starts with empty rate-limit counters (muninn/throttles.py): tests must not throttle each other."""
+    """Each test starts with empty rate-limit counters (muninn/throttles.py): tests must not throttle each other;
+    and with empty per-process caches keyed by ids, which a test that resets the id sequences would otherwise
+    find filled by an earlier test's rows of the same ids (jobs.selectors.round_fixed, contributors.results)."""
     from django.core.cache import cache
 
+    from contributors import results
+    from jobs import selectors as job_selectors
+
     cache.clear()
+    job_selectors._FIXED.clear()
+    results._NORM_BOUNDS.clear()
+    results._FIRST_COMMITMENTS.clear()
 
 
 @pytest.fixture(autouse=True)
