@@ -121,12 +121,18 @@ def _cmd_register(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _registered(args: argparse.Namespace):
+    """The registered device's config and the server to talk to (--server, the environment, or the config's)."""
     config = load_config(config_path(args.config))
     if not config.device_token:
         raise _Exit(NO_DEVICE, 2)
     server = _require(first_set(args.server, os.environ.get(ENV_SERVER), config.server),
                       f"no server: pass --server URL or set {ENV_SERVER}")
+    return config, server
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config, server = _registered(args)
     cache_dir = first_set(args.cache_dir, os.environ.get(ENV_CACHE_DIR), config.cache_dir) or str(default_cache_dir())
     if not config.signing_key:
         raise _Exit(f"the config {config_path(args.config)} has no signing key (registered by an older client): "
@@ -154,11 +160,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    config = load_config(config_path(args.config))
-    if not config.device_token:
-        raise _Exit(NO_DEVICE, 2)
-    server = _require(first_set(args.server, os.environ.get(ENV_SERVER), config.server),
-                      f"no server: pass --server URL or set {ENV_SERVER}")
+    config, server = _registered(args)
     client = _client(server, device_token=config.device_token)
 
     from muninn_worker.api import ApiError
