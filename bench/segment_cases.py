@@ -1,5 +1,5 @@
 """The training set-ups the verification benches calibrate on: one per template (resnet18 at two learning
-rates), with realistic inputs built the way a job builds them (jobs.datasets → jobs.preparation → the zoo),
+rates), with realistic inputs built the way a job builds them (muninn_worker.datasets → muninn_worker.preparation → the zoo),
 split and sharded like a 3-device round, and the honest units drawn from them.
 
 A unit u of a case trains on shard u mod 3 of the training split drawn with seed u div 3, with training seed
@@ -23,7 +23,7 @@ from muninn_worker.segments import Checkpoint
 from sklearn.datasets import load_digits
 from torch import Tensor
 
-from jobs import datasets, preparation
+from muninn_worker import datasets, preparation
 from jobs.sharding import plan_shards
 
 ROUND_DEVICES = 3  # the default unit is one shard of a 3-device round

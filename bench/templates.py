@@ -37,7 +37,7 @@ from muninn_worker import flops, tensors, training, zoo  # noqa: E402
 from muninn_worker.samples import generated_text, synthetic_images  # noqa: E402
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_wine  # noqa: E402
 
-from jobs import datasets, preparation  # noqa: E402
+from muninn_worker import datasets, preparation  # noqa: E402
 from jobs.aggregation import fedavg  # noqa: E402
 from jobs.hu import FLOPS_PER_HU  # noqa: E402
 

@@ -10,8 +10,8 @@ from muninn_worker.samples import generated_text, synthetic_images
 from PIL import Image
 from sklearn.datasets import load_diabetes
 
-from jobs.datasets import DatasetError, parse_dataset, sniff_format, windows
-from jobs.datasets.images import parse_images
+from muninn_worker.datasets import DatasetError, parse_dataset, sniff_format, windows
+from muninn_worker.datasets.images import parse_images
 
 
 def error_of(call, *args, **kwargs) -> DatasetError:
@@ -168,7 +168,7 @@ def test_safetensors_whose_header_length_looks_like_a_pickle_is_still_weights():
 
 
 def test_images_that_would_decode_past_the_limit_are_refused_before_decoding(monkeypatch):
-    from jobs.datasets import images
+    from muninn_worker.datasets import images
 
     monkeypatch.setattr(images, "MAX_DECODED_ELEMENTS", 18 * 3 * 16 * 16 - 1)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits, load_iris
 
-from jobs.datasets import DatasetError, parse_dataset, sniff_format, split_holdout
+from muninn_worker.datasets import DatasetError, parse_dataset, sniff_format, split_holdout
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -178,7 +178,7 @@ def test_resnet18_units_go_only_to_gpu_devices(customer_api, contributor):
 
 
 def test_an_image_size_too_large_to_decode_is_refused_before_anything_is_made(customer_api, monkeypatch):
-    from jobs import datasets
+    from muninn_worker import datasets
     dataset = upload(customer_api, shapes_zip(), "shapes.zip")
     monkeypatch.setattr(datasets.images, "MAX_DECODED_ELEMENTS", 36 * 3 * 64 * 64 - 1)
 

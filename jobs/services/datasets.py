@@ -5,11 +5,11 @@ import logging
 
 import torch
 from django.conf import settings
-from muninn_worker import tensors
+from muninn_worker import datasets, preparation, tensors
 
 from muninn.errors import InvalidInput, TooLarge
 
-from .. import datasets, preparation, storage
+from .. import storage
 from ..models import Dataset
 
 

@@ -9,11 +9,11 @@ import torch
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from muninn_worker import tensors, training, zoo
+from muninn_worker import datasets, preparation, tensors, training, zoo
 
 from muninn.errors import Conflict, InvalidInput
 
-from .. import algorithms, datasets, estimate, preparation, storage
+from .. import algorithms, estimate, storage
 from ..models import Dataset, Job, Round, WorkUnit
 from ..signals import job_ended, job_ending, job_started
 

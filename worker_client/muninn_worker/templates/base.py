@@ -92,7 +92,7 @@ class Template:
         raise NotImplementedError
 
     def model_config(self, profile: dict, hparams: dict) -> dict:
-        """The model_config for a dataset with this profile (see jobs/datasets.py) and checked hparams."""
+        """The model_config for a dataset with this profile (see muninn_worker/datasets) and checked hparams."""
         raise NotImplementedError
 
     def fit_state(self, state: dict[str, Tensor], X: Tensor, y: Tensor) -> dict[str, Tensor]:
