@@ -4,19 +4,21 @@ import io
 from django.conf import settings
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
-from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsCustomer
 from muninn.errors import TooLarge
 from muninn.openapi import binary, errors
+from muninn.throttles import PredictThrottle
 from muninn.serializers import StrictSerializer
 from muninn_worker import certificate, zoo
 
-from . import certificates, selectors, services
+from . import certificates, predictions, selectors, services
 from .models import Dataset, Job, Round
 
 
@@ -265,6 +267,75 @@ class JobCertificateView(APIView):
         response = HttpResponse(certificate.canonical(document), content_type="application/json")
         response["Content-Disposition"] = f'attachment; filename="muninn-job-{job.pk}-certificate.json"'
         return response
+
+
+class PredictSerializer(StrictSerializer):
+    rows = serializers.ListField(child=serializers.JSONField(), required=False, max_length=100_000,
+                                 help_text="Rows to predict: objects {column: value} (any order; null or \"\" is a "
+                                           "missing cell), or lists of numbers for a job trained on an .npz")
+    csv = serializers.CharField(required=False, trim_whitespace=False,
+                                help_text="CSV text with a header naming the columns, as the training file")
+    file = serializers.FileField(required=False, help_text="multipart: a CSV file, one PNG/JPEG image, a zip of "
+                                                           "images, or an .npz with an array X")
+    prompt = serializers.CharField(required=False, trim_whitespace=False, max_length=10_000,
+                                   help_text="A language model's prompt, to be continued")
+    length = serializers.IntegerField(required=False, help_text="Tokens to generate (default 100)")
+    temperature = serializers.FloatField(required=False, default=0.0, min_value=0, max_value=10,
+                                         help_text="0: the most likely token each step; above: sampled")
+    seed = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**31 - 1)
+
+
+class PredictionSerializer(serializers.Serializer):
+    row = serializers.JSONField(help_text="The CSV line (as a spreadsheet numbers it), the row's position from 1, "
+                                          "or the image's file name")
+    label = serializers.CharField(required=False, help_text="classification: the most likely class")
+    probabilities = serializers.DictField(child=serializers.FloatField(), required=False,
+                                          help_text="classification: each class's probability")
+    value = serializers.FloatField(required=False, help_text="regression: the predicted value")
+
+
+class PredictAnswerSerializer(serializers.Serializer):
+    task = serializers.ChoiceField(choices=["classification", "regression", "language_model"])
+    predictions = PredictionSerializer(many=True, required=False)
+    prompt = serializers.CharField(required=False)
+    text = serializers.CharField(required=False, help_text="language model: the generated continuation")
+
+
+class JobPredictView(APIView):
+    """Predictions from the job's trained model (jobs/predictions.py): the same package and loader as the
+    download, so the answers agree exactly. `?format=csv` answers a CSV of predictions (the batch form)."""
+
+    permission_classes = [IsCustomer]
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    throttle_classes = [PredictThrottle]
+
+    @extend_schema(summary="Predict with the job's trained model",
+                   request={"application/json": PredictSerializer, "multipart/form-data": PredictSerializer},
+                   parameters=[OpenApiParameter("format", str, enum=["json", "csv"], default="json",
+                                                description="`csv`: the predictions as a CSV attachment")],
+                   responses={(200, "application/json"): PredictAnswerSerializer,
+                              (200, "text/csv"): OpenApiTypes.STR, **errors(400, 404, 409, 413, codes={
+                       400: "`bad_input`, `bad_number`, `bad_category`, `missing_value`, `missing_column`, "
+                            "`bad_image`, `bad_prompt`, `bad_length`, ... (detail names the row and column)",
+                       409: "`not_ready` (the job has not succeeded)",
+                       413: "`too_large`, `too_many_rows`"})})
+    def post(self, request, job_id: int):
+        job = selectors.job_get(owner=request.user, job_id=job_id)
+        data = PredictSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        given, upload = data.validated_data, data.validated_data.get("file")
+        if upload is not None and upload.size > settings.MUNINN_PREDICT_MAX_BYTES:
+            raise TooLarge(f"The file is {upload.size:,} bytes; predictions on the site take at most "
+                           f"{settings.MUNINN_PREDICT_MAX_BYTES:,}. Download the model package to predict on more.")
+        answer = predictions.job_predict(
+            job, rows=given.get("rows"), text=given.get("csv"), data=upload.read() if upload else None,
+            filename=upload.name if upload else "", prompt=given.get("prompt"), length=given.get("length"),
+            temperature=given["temperature"], seed=given["seed"])
+        if request.query_params.get("format") == "csv" and "predictions" in answer:
+            response = HttpResponse(predictions.predictions_csv(answer), content_type="text/csv; charset=utf-8")
+            response["Content-Disposition"] = f'attachment; filename="muninn-job-{job.pk}-predictions.csv"'
+            return response
+        return Response(answer)
 
 
 class HParamSerializer(serializers.Serializer):

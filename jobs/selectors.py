@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.shortcuts import get_object_or_404
-from muninn_worker import tensors, zoo
+from muninn_worker import package, tensors, zoo
 
 from muninn.errors import Conflict, InvalidInput, NotFound
 
@@ -149,7 +149,9 @@ def job_model_file(job: Job, *, artefact: str = "model") -> ModelFile:
         raise InvalidInput("artefact must be 'model' or 'merged'.", code="bad_artefact")
     metadata = {"muninn_template": template, "muninn_model_config": json.dumps(config, sort_keys=True),
                 "muninn_job": str(job.pk), "muninn_data": json.dumps(job.metrics.get("classes") or
-                                                                      job.metrics.get("vocab") or [])}
+                                                                      job.metrics.get("vocab") or []),
+                "muninn_preprocess": json.dumps(package.preprocess_spec(job.dataset.profile, template, config),
+                                                sort_keys=True)}
     in_doubt = job_flagged_rounds(job)
     if in_doubt:  # rounds whose aggregate holds an update of a device caught cheating on other work
         metadata["muninn_flagged_rounds"] = json.dumps(in_doubt)

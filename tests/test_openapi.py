@@ -51,10 +51,12 @@ def test_every_body_is_declared_as_json_or_as_a_multipart_form(schema):
     multipart = {path for path, method, operation in operations(schema)
                  if "multipart/form-data" in operation.get("requestBody", {}).get("content", {})}
 
-    assert multipart == {"/api/datasets", "/api/worker/units/{unit_id}/result",
+    assert multipart == {"/api/datasets", "/api/worker/units/{unit_id}/result", "/api/jobs/{job_id}/predict",
                          "/api/worker/units/{unit_id}/checkpoints/{boundary}", "/api/worker/checks/{check_id}/result"}
     for path, method, operation in operations(schema):
-        if "requestBody" in operation:
+        if path == "/api/jobs/{job_id}/predict":  # rows as JSON, or a file (CSV, images, .npz) as a form
+            assert set(operation["requestBody"]["content"]) == {"application/json", "multipart/form-data"}
+        elif "requestBody" in operation:
             assert len(operation["requestBody"]["content"]) == 1, (method, path)
     result = schema["components"]["schemas"]["ResultUploadRequest"]
     assert result["properties"]["weights"] == {"type": "string", "format": "binary",

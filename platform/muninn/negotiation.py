@@ -15,3 +15,8 @@ class JsonFallbackNegotiation(DefaultContentNegotiation):
             return super().select_renderer(request, renderers, format_suffix)
         except NotAcceptable:
             return renderers[0], renderers[0].media_type
+
+    def filter_renderers(self, renderers, format):
+        """`?format=` names a renderer (the schema's `?format=json`) or, where none has that name, the view's own
+        choice of file (a model's `?format=onnx`, predictions' `?format=csv`): then the view's renderers stand."""
+        return [r for r in renderers if r.format == format] or renderers

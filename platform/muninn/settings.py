@@ -172,6 +172,7 @@ MUNINN_THROTTLES = {scope: env.str("MUNINN_THROTTLE_" + scope.upper().replace("-
     "device-registration": "30/hour",  # new devices of one account (at most MUNINN_MAX_DEVICES_PER_ACCOUNT active)
     "claim": "600/min",  # one device's claims: an honest client claims after each unit or a 25 s long poll
     "heartbeat": "600/min",  # one device's heartbeats (every few seconds per held unit)
+    "predict": "120/min",  # one customer's prediction requests (each bounded by MUNINN_PREDICT_MAX_*)
 }.items()}
 # The cache the throttles count in: CACHE_URL (redis://host:6379/1: shared by every web process, as a site on
 # several machines needs); by default each process's memory (one machine).
@@ -324,6 +325,11 @@ MUNINN_MIN_CHECK_RATE = env.float("MUNINN_MIN_CHECK_RATE", default=1.0)
 MUNINN_VALIDATOR_BACKENDS = env.list("MUNINN_VALIDATOR_BACKENDS", default=["cpu", "cuda"])
 MUNINN_PEER_CHECK_SECONDS = env.int("MUNINN_PEER_CHECK_SECONDS", default=600)
 MUNINN_MAX_UPLOAD_BYTES = env.int("MUNINN_MAX_UPLOAD_BYTES", default=50 * 1024 * 1024)
+# Predictions on the site (POST /api/jobs/<id>/predict, the job page's "Try the model"): bounds on one request's
+# input, which bound its compute. Larger batches: the downloaded package predicts anywhere (README).
+MUNINN_PREDICT_MAX_ROWS = env.int("MUNINN_PREDICT_MAX_ROWS", default=10_000)
+MUNINN_PREDICT_MAX_BYTES = env.int("MUNINN_PREDICT_MAX_BYTES", default=10 * 1024 * 1024)
+MUNINN_PREDICT_MAX_LENGTH = env.int("MUNINN_PREDICT_MAX_LENGTH", default=500)  # tokens a language model generates
 MUNINN_MAX_RESULT_BYTES = env.int("MUNINN_MAX_RESULT_BYTES", default=512 * 1024 * 1024)
 MUNINN_MAX_ROUNDS = env.int("MUNINN_MAX_ROUNDS", default=200)
 MUNINN_SITE_URL = env.str("MUNINN_SITE_URL", default="http://127.0.0.1:8000")  # for Stripe's return links

@@ -69,6 +69,12 @@ class DeviceRegistrationThrottle(_Scoped):
         return str(request.user.pk) if request.user and request.user.is_authenticated else None
 
 
+class PredictThrottle(DeviceRegistrationThrottle):
+    """Per account: prediction requests compute on the site's CPUs."""
+
+    scope = "predict"
+
+
 class _PerDevice(_Scoped):
     def identity(self, request) -> str | None:
         device = getattr(request, "auth", None)

@@ -35,6 +35,7 @@ api = [
     path("jobs/<id:job_id>/start", jobs_api.JobStartView.as_view(), name="job-start"),
     path("jobs/<id:job_id>/cancel", jobs_api.JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<id:job_id>/model", jobs_api.JobModelView.as_view(), name="job-model"),
+    path("jobs/<id:job_id>/predict", jobs_api.JobPredictView.as_view(), name="job-predict"),
     # The certificate states receipts (contributors/) and money (billing/), which sit above jobs/.
     path("jobs/<id:job_id>/certificate",
          jobs_api.JobCertificateView.as_view(evidence=contributors_selectors.job_units_evidence,

@@ -67,9 +67,9 @@ def parse_csv(data: bytes, *, target: str | None, task: str | None, max_rows: in
     return ParsedDataset(X=X, y=y, feature_names=feature_names, classes=classes, profile=profile)
 
 
-def _read_rows(reader, names: list[str], max_rows: int) -> tuple[list[list[str]], list[int]]:
+def _read_rows(reader, names: list[str], max_rows: int, start: int = 2) -> tuple[list[list[str]], list[int]]:
     rows, lines = [], []
-    for line, row in enumerate(reader, start=2):  # row numbers as a spreadsheet shows them
+    for line, row in enumerate(reader, start=start):  # row numbers as a spreadsheet shows them
         if not any(cell.strip() for cell in row):
             continue  # blank line
         if len(row) != len(names):
@@ -174,3 +174,69 @@ def _categorical(cells: list[str], lines: list[int], name: str, missing: set[int
         report = {"count": len(rows), "rows": [lines[i] for i in rows[:MISSING_ROWS_SHOWN]],
                   "filled_with": MISSING_CATEGORY}
     return block, described, report
+
+
+def encode_table(text: str, columns: list[dict], *, max_rows: int,
+                 first_row: int = 2) -> tuple[np.ndarray, list[int]]:
+    """New rows of a CSV (a header, then rows) encoded as the training file's were: (X float32 [rows,
+    features], the rows' line numbers). `columns` are the training profile's column descriptions: a numeric
+    column's missing cell gets the training median where training had missing cells (and is an error where it
+    had none: the model has no fill for it), a categorical column is one-hot over the training vocabulary.
+    Columns may come in any order; columns the model does not use (the target, an id) are ignored. Rows are
+    numbered from `first_row` in messages (2: as a spreadsheet shows a file with a header; 1: a list of rows)."""
+    first_line = io.StringIO(text).readline()
+    delimiter = max(",;\t", key=first_line.count)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        header = [cell.strip() for cell in next(reader, [])]
+        if not any(header):
+            raise DatasetError("no_rows", "The input is empty; give a header row naming the columns, then rows.")
+        rows, lines = _read_rows(reader, header, max_rows, first_row)
+    except csv.Error as exc:
+        raise DatasetError("not_csv", f"row {reader.line_num}: this is not valid CSV ({exc}).",
+                           row=reader.line_num) from None
+    if not rows:
+        raise DatasetError("no_rows", "The input has a header but no rows to predict.", rows=0)
+    position = {name: j for j, name in enumerate(header)}
+    absent = [c["name"] for c in columns if c["name"] not in position]
+    if absent:
+        raise DatasetError("missing_column", f"The input has no column {absent[0]!r}; the model was trained on "
+                           f"the columns {', '.join(repr(c['name']) for c in columns)} (in any order).",
+                           column=absent[0], missing=absent[:100])
+    blocks = [_encode_column(column, [row[position[column["name"]]] for row in rows], lines, delimiter != ",")
+              for column in columns]
+    return np.concatenate(blocks, axis=1).astype(np.float32), lines
+
+
+def _encode_column(column: dict, cells: list[str], lines: list[int], decimal_comma: bool) -> np.ndarray:
+    name = column["name"]
+    if column["type"] == "categorical":
+        index = {c: k for k, c in enumerate(column["categories"])}
+        block = np.zeros((len(cells), len(index)), dtype=np.float64)
+        for i, cell in enumerate(cells):
+            value = MISSING_CATEGORY if cell.lower() in MISSING_TOKENS else cell
+            if value not in index:
+                known = ", ".join(repr(c) for c in column["categories"][:20])
+                what = "is empty, and it was never empty in training" if value == MISSING_CATEGORY else \
+                    f"{value[:40]!r} was not seen in training"
+                raise DatasetError("bad_category", f"row {lines[i]}, column {name!r}: {what}; the model knows "
+                                   f"{known}{', ...' if len(column['categories']) > 20 else ''}.",
+                                   row=lines[i], column=name, value=value[:100])
+            block[i, index[value]] = 1.0
+        return block
+    values = np.empty((len(cells), 1), dtype=np.float64)
+    for i, cell in enumerate(cells):
+        if cell.lower() in MISSING_TOKENS:
+            if "filled_with" not in column:
+                raise DatasetError("missing_value", f"row {lines[i]}, column {name!r}: the value is missing, and "
+                                   "this column had no missing values in training, so the model has no fill for "
+                                   "it; give a number.", row=lines[i], column=name)
+            values[i, 0] = column["filled_with"]
+            continue
+        number = _number(cell, decimal_comma)
+        if number is None or not math.isfinite(number) or abs(number) > np.finfo(np.float32).max:
+            shown = repr(cell if len(cell) <= 40 else cell[:37] + "...")
+            raise DatasetError("bad_number", f"row {lines[i]}, column {name!r}: {shown} is not a number; this "
+                               "column held numbers in training.", row=lines[i], column=name, value=cell[:100])
+        values[i, 0] = number
+    return values

@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from .common import PROFILE_FEATURE_NAMES, DatasetError, ParsedDataset, check_rows
+from .common import PROFILE_FEATURE_NAMES, ZIP_MAGIC, DatasetError, ParsedDataset, check_rows
 
 MAX_FILES = 20_000
 MAX_UNPACKED_BYTES = 512 * 1024**2
@@ -166,3 +166,36 @@ def _pixels(image: Image.Image, size: int, grey: bool) -> np.ndarray:
     converted = image.convert("L" if grey else "RGB").resize((size, size), Image.Resampling.BILINEAR)
     array = np.asarray(converted, dtype=np.float32)
     return array[None] if grey else array.transpose(2, 0, 1)
+
+
+def decode_for_model(data: bytes, name: str, *, size: int, grey: bool, max_files: int = 1000,
+                     max_unpacked: int = 64 * 1024**2, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, list[str]]:
+    """New images as the training zip's were decoded: one PNG/JPEG, or a zip of them (folders allowed, any
+    names), each converted to the training's channels and resized to its side. (X float32 [n, channels,
+    size, size] in 0..255, the images' names.) The same checks as an upload: names, counts, sizes."""
+    if not data.startswith(ZIP_MAGIC):
+        return _pixels(_decode(data, name, max_pixels), size, grey)[None], [name]
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        raise DatasetError("unknown_format", f"{name} is not a readable .zip archive.", file=name) from None
+    entries, declared = [], 0
+    for info in infos:
+        _check_name(info.filename)
+        if info.is_dir() or _ignored(info.filename):
+            continue
+        if not info.filename.lower().endswith(EXTENSIONS):
+            raise DatasetError("bad_image", f"{info.filename} is not a PNG or JPEG image; the zip may hold only "
+                               "images.", file=info.filename)
+        entries.append(info)
+        declared += info.file_size
+        if len(entries) > max_files or declared > max_unpacked:
+            raise DatasetError("too_large", f"The zip holds more than {max_files} images or {max_unpacked} bytes "
+                               "unpacked, the limits for one request.", limit=max_files)
+    if not entries:
+        raise DatasetError("no_rows", "The zip holds no PNG or JPEG images.", rows=0)
+    X = np.empty((len(entries), 1 if grey else 3, size, size), dtype=np.float32)
+    for row, info in enumerate(entries):
+        X[row] = _pixels(_decode(_read(archive, info, info.file_size), info.filename, max_pixels), size, grey)
+    return X, [info.filename for info in entries]
