@@ -3,7 +3,7 @@
 Averages K client updates of an N-parameter fp32 model (a transformer-shaped set of tensors: an embedding,
 a few big matrices per layer, small biases and norms), on the same input each time:
 
-  muninn fedavg          jobs.aggregation.fedavg on the torch state dicts
+  muninn fedavg          muninn_worker.federated.aggregation.fedavg on the torch state dicts
   flwr aggregate         flwr.server.strategy.aggregate.aggregate on the same memory as numpy arrays
   torch copy (bound)     dst.copy_(src) of the same K x N x 4 bytes, torch's default threads
   torch sum (read only)  reading the same bytes once: the floor for any average
@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jobs.aggregation import fedavg  # noqa: E402
+from muninn_worker.federated.aggregation import fedavg  # noqa: E402
 
 _SCRUB_BYTES = 512 << 20  # more than any last-level cache this runs on (260 MiB on the dev VM)
 

@@ -7,7 +7,7 @@ parameters). Every round runs what a real round runs, minus HTTP and the databas
   device  `training.train_local` (FedAvg: `epochs` passes; DiLoCo: `inner_steps` steps), then
           `codec.encode_update(trained, global, encoding)`: the bytes counted as uploaded;
   site    `contributors.checks.decode_update` (with the site's inflate limit) and `check_state`, then
-          `jobs.robust.aggregate` (the job's rule, FedAvg) and `jobs.algorithms.next_global` (DiLoCo's outer
+          `federated.robust.aggregate` (the job's rule, FedAvg) and `federated.algorithms.next_global` (DiLoCo's outer
           Nesterov step with its momentum buffers, or FedAvg as it is), as `round_aggregate` does.
 
 A central run (all training data on one machine, the same number of passes over the data) is the reference
@@ -35,24 +35,14 @@ from sklearn.datasets import load_digits
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "worker_client")]
 from contributors import checks  # noqa: E402  (pure: no Django)
-from jobs import algorithms, robust  # noqa: E402
 from muninn_worker import codec, tensors, training, zoo  # noqa: E402
+from muninn_worker.federated import algorithms, robust  # noqa: E402
+from muninn_worker.federated.partition import dirichlet_split  # noqa: E402
 
 CASES = {  # name: (template, hparams)
     "digits/mlp": ("mlp", {"hidden": [128]}),
     "digits/cnn": ("cnn", {"filters": [32, 64]}),
 }
-
-
-def dirichlet_split(y: np.ndarray, devices: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
-    """Per class, share its samples among devices by Dirichlet(alpha) proportions (Hsu et al. 2019)."""
-    parts: list[list[int]] = [[] for _ in range(devices)]
-    for c in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        cuts = (np.cumsum(rng.dirichlet([alpha] * devices)) * len(idx)).astype(int)[:-1]
-        for d, chunk in enumerate(np.split(idx, cuts)):
-            parts[d].extend(chunk.tolist())
-    return [np.array(sorted(p), dtype=np.int64) for p in parts]
 
 
 class Case:

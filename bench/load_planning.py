@@ -1,5 +1,5 @@
 """bench/load.py's round planning: `jobs.services.round_open` (shards ∝ throughput, one unit and one shard
-blob per device) and the pure `jobs.sharding.plan_shards`, for 10, 100, 1,000 and 10,000 online devices.
+blob per device) and the pure `federated.sharding.plan_shards`, for 10, 100, 1,000 and 10,000 online devices.
 
 Alone, without the load phases (drops and recreates its own PostgreSQL database):
 
@@ -34,7 +34,7 @@ def plan_timings(options: argparse.Namespace) -> dict[int, dict[str, float]]:
     from contributors.models import Device
     from jobs import services as jobs
     from jobs.models import Job
-    from jobs.sharding import plan_shards
+    from muninn_worker.federated.sharding import plan_shards
 
     customer = User.objects.get(username="customer")
     contributor = User.objects.get(username="contributor")

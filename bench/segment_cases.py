@@ -24,7 +24,7 @@ from sklearn.datasets import load_digits
 from torch import Tensor
 
 from muninn_worker import datasets, preparation
-from jobs.sharding import plan_shards
+from muninn_worker.federated.sharding import plan_shards
 
 ROUND_DEVICES = 3  # the default unit is one shard of a 3-device round
 # (what the start is, steps trained before it, whether the optimizer starts afresh there)

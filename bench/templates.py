@@ -13,7 +13,7 @@ it, and the HU quoted against the HU used:
     .venv/bin/python bench/templates.py [--quick]
 
 The devices run in this process, one after the other, each from the round's global weights on its half of
-the training split; the round's result is `jobs.aggregation.fedavg` of the two. The last line is JSON.
+the training split; the round's result is `federated.aggregation.fedavg` of the two. The last line is JSON.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from muninn_worker.samples import generated_text, synthetic_images  # noqa: E402
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_wine  # noqa: E402
 
 from muninn_worker import datasets, preparation  # noqa: E402
-from jobs.aggregation import fedavg  # noqa: E402
+from muninn_worker.federated.aggregation import fedavg  # noqa: E402
 from jobs.hu import FLOPS_PER_HU  # noqa: E402
 
 DEVICES = 2

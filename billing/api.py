@@ -46,7 +46,7 @@ class MoneySerializer(serializers.Serializer):
 
 
 class TrainingSerializer(serializers.Serializer):
-    """The training algorithm's settings (jobs.algorithms)."""
+    """The training algorithm's settings (muninn_worker.federated.algorithms)."""
 
     algorithm = serializers.CharField()
     outer_lr = serializers.FloatField(allow_null=True)

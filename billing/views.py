@@ -12,12 +12,13 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.pages import role_required
-from jobs import algorithms, suggest
+from jobs import suggest
 from jobs import selectors as job_selectors
 from jobs.hu import flops_to_hu, hu_str
 from jobs.models import Job
 from muninn.errors import InvalidInput, MuninnError
 from muninn_worker import zoo
+from muninn_worker.federated import algorithms
 
 from . import money, payments, pricing, selectors, services, stripe_gateway
 from .forms import AmountForm, CreditForm
@@ -230,7 +231,7 @@ def job_new(request, online_capacity=None, recent_capable=None):
 
 def _training_context(training: dict) -> dict:
     """The algorithm and update-encoding controls: the choices, what is chosen, and DiLoCo's settings with the
-    defaults the site would use (jobs.algorithms)."""
+    defaults the site would use (muninn_worker.federated.algorithms)."""
     chosen = {name: training.get(name) for name in DILOCO_FIELDS}
     defaults = {"outer_lr": algorithms.DEFAULT_OUTER_LR, "outer_momentum": algorithms.DEFAULT_OUTER_MOMENTUM,
                 "inner_steps": algorithms.DEFAULT_INNER_STEPS}

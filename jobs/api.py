@@ -143,7 +143,7 @@ class JobCreateSerializer(StrictSerializer):
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
     aggregation = serializers.ChoiceField(choices=Job.Aggregation.choices, required=False,
                                           default=Job.Aggregation.FEDAVG)
-    # The training algorithm (jobs.algorithms checks the values and fills in DiLoCo's defaults).
+    # The training algorithm (muninn_worker.federated.algorithms checks the values and fills in DiLoCo's defaults).
     algorithm = serializers.ChoiceField(choices=Job.Algorithm.choices, required=False, default=Job.Algorithm.FEDAVG)
     outer_lr = serializers.FloatField(required=False, allow_null=True, default=None)
     outer_momentum = serializers.FloatField(required=False, allow_null=True, default=None)

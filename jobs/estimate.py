@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from muninn_worker import flops as worker_flops
+from muninn_worker.federated import algorithms
 
-from . import algorithms
 from .hu import flops_to_hu
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from muninn_worker import codec, tensors
+from muninn_worker.federated import algorithms, robust
+from muninn_worker.federated.aggregation import diloco_outer_step
 
 from billing import selectors as ledger
 from billing.models import Quote
 from contributors.models import Receipt
-from jobs import algorithms, robust, storage
+from jobs import storage
 from jobs import services as jobs
-from jobs.aggregation import diloco_outer_step
 from jobs.models import Job, Round, WorkUnit
 
 from .test_spine import assert_ledger_consistent, run_until_done

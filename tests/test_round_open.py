@@ -9,7 +9,7 @@ import torch
 from jobs import deadlines, shards, storage
 from jobs import services as jobs
 from jobs.models import Job, WorkUnit
-from jobs.sharding import plan_shards
+from muninn_worker.federated.sharding import plan_shards
 from muninn_worker.tensors import shard_to_bytes
 
 from .conftest import digits_npz

@@ -10,10 +10,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from muninn_worker import datasets, preparation, tensors, training, zoo
+from muninn_worker.federated import algorithms
+from muninn_worker.federated.plan import holdout, initial_state
 
 from muninn.errors import Conflict, InvalidInput
 
-from .. import algorithms, estimate, storage
+from .. import estimate, storage
 from ..models import Dataset, Job, Round, WorkUnit
 from ..signals import job_ended, job_ending, job_started
 
@@ -45,7 +47,7 @@ def job_plan(*, dataset: Dataset, template: str, hparams: dict, rounds: int,
     The model_config comes from the template and the dataset's profile; `base_weights` (a "weights" dataset
     of the same owner) is required by templates that fine-tune uploaded weights (lora) and refused by others.
     `training` holds the algorithm settings (algorithm, outer_lr, outer_momentum, inner_steps, update_encoding;
-    see jobs.algorithms); missing ones take their defaults."""
+    see muninn_worker.federated.algorithms); missing ones take their defaults."""
     if not 1 <= rounds <= settings.MUNINN_MAX_ROUNDS:
         raise InvalidInput(f"rounds must be between 1 and {settings.MUNINN_MAX_ROUNDS}.", code="bad_rounds")
     try:
@@ -102,11 +104,10 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
         X, y, metadata = _load_samples(dataset, plan.model_config)
     except datasets.DatasetError as e:  # e.g. a zip of images that does not decode at the chosen size
         raise InvalidInput(e.message, code=e.code, detail=e.detail) from e
-    train_idx, test_idx = datasets.split_holdout(len(y), seed=seed)
-    X_train, y_train, X_test, y_test = X[train_idx], y[train_idx], X[test_idx], y[test_idx]
+    X_train, y_train, X_test, y_test = holdout(X, y, seed=seed)
     # Data-derived buffers (feature scaling, a regression target's scale) travel inside the model, so the
     # downloaded model takes raw inputs and answers in the customer's units.
-    state = zoo.get_template(template).fit_state(zoo.init_state(template, plan.model_config, seed), X_train, y_train)
+    state = initial_state(template, plan.model_config, seed=seed, X_train=X_train, y_train=y_train)
     est = plan.estimate
     with transaction.atomic():
         return Job.objects.create(
@@ -118,7 +119,7 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
             peak_memory_bytes=est.peak_memory_bytes,
             train_sha256=storage.blob_put(_xy_bytes(X_train, y_train)),
             test_sha256=storage.blob_put(_xy_bytes(X_test, y_test)),
-            n_train=len(train_idx), n_test=len(test_idx),
+            n_train=len(y_train), n_test=len(y_test),
             global_weights_sha256=storage.blob_put(tensors.state_dict_to_bytes(state)),
             metrics=metadata,
         )

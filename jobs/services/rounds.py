@@ -12,22 +12,19 @@ from django.db import connection, transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 from muninn_worker import tensors
+from muninn_worker.federated import algorithms, robust
+from muninn_worker.federated import plan as rounds_plan
 
 from muninn.failpoints import failpoint
 
-from .. import algorithms, deadlines, robust, storage
+from .. import deadlines, storage
 from ..models import Job, Round, WorkUnit
 from ..shards import shards_to_bytes
-from ..sharding import plan_shards
 
 from .datasets import load_xy
 from .jobs import _evaluate, _job_end, diverging_message, job_scheme, unit_flops
 
 log = logging.getLogger(__name__)
-
-
-def _unit_seed(job: Job, number: int, index: int) -> int:
-    return (job.seed * 1_000_003 + number * 10_007 + index) % 2**31
 
 
 def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | None:
@@ -49,8 +46,8 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
         if number > job.rounds:
             return None
         X, y = load_xy(job.train_sha256)
-        shards = plan_shards(job.n_train, [speed for _, speed in devices],
-                             min_shard=min(job.hparams["batch_size"], job.n_train))
+        shards = rounds_plan.round_shards(job.n_train, [speed for _, speed in devices],
+                                          batch_size=job.hparams["batch_size"])
         now = timezone.now()
         reserved_until = now + timedelta(seconds=settings.MUNINN_RESERVATION_SECONDS)
         shard_shas = storage.blobs_put(shards_to_bytes(X, y, [(s.start, s.stop) for s in shards]))
@@ -62,7 +59,7 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
                 flops_of[samples] = unit_flops(job, samples)
             flops = flops_of[samples]
             planned = shard.device is not None
-            rows.append((i, shard.start, shard.stop, shard_shas[i], _unit_seed(job, number, i), flops,
+            rows.append((i, shard.start, shard.stop, shard_shas[i], rounds_plan.unit_seed(job.seed, number, i), flops,
                          deadlines.expected_seconds(flops, devices[shard.device][1]) if planned else 0.0,
                          devices[shard.device][0] if planned else None, reserved_until if planned else None))
         plan = deadlines.plan_of(row[6] for row in rows)
@@ -137,8 +134,7 @@ def round_aggregate(*, round_id: int) -> Round:
             return rnd
         rnd.metrics = {
             **{f"test_{name}": value for name, value in evaluation.items()},
-            "train_loss": sum(u.result_metrics.get("loss_after", 0.0) * n for u, n in zip(accepted, samples))
-            / sum(samples),
+            "train_loss": rounds_plan.train_loss([u.result_metrics.get("loss_after", 0.0) for u in accepted], samples),
             "samples": sum(samples),
             "units": len(accepted),
             **({"flagged_left_out": left_out} if left_out else {}),
@@ -160,10 +156,7 @@ def round_aggregate(*, round_id: int) -> Round:
 
 def _combine(job: Job, states: list, samples: list[int], global_state: dict) -> dict:
     """The job's aggregation rule; a trimmed mean with too few updates to trim falls back to the median."""
-    rule = job.aggregation
-    if rule == Job.Aggregation.TRIMMED_MEAN and len(states) < 5:
-        rule = Job.Aggregation.MEDIAN if len(states) >= 3 else Job.Aggregation.FEDAVG
-    return robust.aggregate(rule, states, samples, global_state)
+    return robust.aggregate(rounds_plan.round_rule(job.aggregation, len(states)), states, samples, global_state)
 
 
 def _deadlines(*, plan: deadlines.Plan, arrivals: deadlines.Arrivals) -> deadlines.Deadlines:

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from muninn_worker import flops as worker_flops
-from muninn_worker import zoo
+from muninn_worker.federated import plan
 
 from muninn.errors import Conflict
 
@@ -27,10 +27,7 @@ def unit_train_spec(unit: WorkUnit) -> dict:
     """How a unit is trained: the arguments of `training.train_local`, the same for the device that does
     the work and for the validator that re-executes it (DiLoCo: `inner_steps` steps instead of epochs)."""
     job = unit.round.job
-    hp = job.hparams
-    return {"epochs": hp["epochs"], "batch_size": hp["batch_size"], "lr": hp["lr"],
-            "momentum": hp.get("momentum", 0.0), "seed": unit.seed,
-            "optimizer": zoo.get_template(job.template).optimizer, "inner_steps": job.inner_steps}
+    return plan.unit_train_args(job.template, job.hparams, seed=unit.seed, inner_steps=job.inner_steps)
 
 
 def unit_steps(unit: WorkUnit) -> int:

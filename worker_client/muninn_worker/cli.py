@@ -1,4 +1,4 @@
-"""`muninn-worker register | run | status | service install | probe | verify-certificate`.
+"""`muninn-worker register | run | status | service install | probe | verify-certificate | simulate`.
 
 Settings come from CLI flag > environment variable > config file > default. A mistake the user can fix
 (bad flag, no registered device, unreadable config) exits 2 with one sentence; a refusal by the server, or a
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from muninn_worker import __version__
+from muninn_worker import __version__, simulate_command
 from muninn_worker.config import (
     CLAIM_WAIT,
     ENV_CACHE_DIR,
@@ -60,8 +60,8 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command is None:
-        print(f"{PROG}: error: choose a command: register, run, status, service, probe or verify-certificate "
-              f"(see `{PROG} --help`)",
+        print(f"{PROG}: error: choose a command: register, run, status, service, probe, verify-certificate or "
+              f"simulate (see `{PROG} --help`)",
               file=sys.stderr)
         return 2
     _configure_logging()
@@ -402,7 +402,7 @@ def _owner_options(parser: argparse.ArgumentParser) -> None:
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train pieces of Muninn jobs on this machine and earn HU.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{register,run,status,service,probe,verify-certificate}")
+    commands = parser.add_subparsers(dest="command", metavar="{register,run,status,service,probe,verify-certificate,simulate}")
 
     register = commands.add_parser("register", help="register this device with your account token")
     register.add_argument("--server", help=f"site URL, e.g. https://muninn.example (env {ENV_SERVER})")
@@ -456,4 +456,6 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="the site's public key: base64, a file holding it, or the site's "
                              "/.well-known/muninn-signing-key JSON (saved to a file)")
     verify.set_defaults(handler=_cmd_verify_certificate)
+
+    simulate_command.add_to(commands)
     return parser

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from .aggregation import CHUNK_BYTES, AggregationError, _check_states, fedavg
+from muninn_worker.federated.aggregation import CHUNK_BYTES, AggregationError, _check_states, fedavg
 
 RULES = ("fedavg", "trimmed_mean", "median", "norm_clip")
 State = Mapping[str, torch.Tensor]

@@ -1,7 +1,7 @@
 """DiLoCo's outer Nesterov step on hand-made tensors."""
 import torch
 
-from jobs.aggregation import diloco_outer_step
+from muninn_worker.federated.aggregation import diloco_outer_step
 
 
 def test_first_outer_step_applies_the_pseudo_gradient_with_nesterov():

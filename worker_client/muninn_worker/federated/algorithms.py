@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .aggregation import diloco_outer_step
+from muninn_worker.federated.aggregation import diloco_outer_step
 
 ALGORITHMS = ("fedavg", "diloco")
 ENCODINGS = ("fp32", "fp16", "int8")  # muninn_worker.codec.ENCODINGS; the site decodes what the client encodes

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from jobs.aggregation import CHUNK_BYTES, AggregationError, fedavg
+from muninn_worker.federated.aggregation import CHUNK_BYTES, AggregationError, fedavg
 
 
 def test_fedavg_weights_each_client_by_its_samples():

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from jobs.aggregation import AggregationError
-from jobs.robust import aggregate, coordinate_median, norm_clipped_fedavg, trimmed_mean, update_norms
+from muninn_worker.federated.aggregation import AggregationError
+from muninn_worker.federated.robust import aggregate, coordinate_median, norm_clipped_fedavg, trimmed_mean, update_norms
 
 
 def states(*rows):

@@ -1,6 +1,6 @@
 import pytest
 
-from jobs.sharding import Shard, plan_shards
+from muninn_worker.federated.sharding import Shard, plan_shards
 
 
 def test_one_device_gets_the_whole_round():
