@@ -107,3 +107,19 @@ def predictions_csv(answer: dict) -> str:
     writer.writerow(["row", "prediction", *(f"p({c})" for c in classes)])
     writer.writerows([p["row"], p["label"], *(repr(p["probabilities"][c]) for c in classes)] for p in predictions)
     return buffer.getvalue()
+
+
+def try_panel(job: Job) -> dict | None:
+    """What the job page's "Try the model" panel asks for, or None before the job has a model."""
+    if job.status != Job.Status.SUCCEEDED:
+        return None
+    profile = job.dataset.profile
+    kind = profile.get("kind")
+    panel = {"kind": "image" if kind == "image" and profile.get("format") == "images" else kind,
+             "max_rows": settings.MUNINN_PREDICT_MAX_ROWS, "max_length": settings.MUNINN_PREDICT_MAX_LENGTH}
+    if kind == "table":
+        names = [c["name"] for c in profile.get("columns", [])] or [f"x{j}" for j in range(profile["features"])]
+        panel["header"] = ",".join(names)
+    elif kind == "image" and profile.get("format") != "images":
+        panel["kind"] = "arrays"  # an .npz of images: rows of numbers, through the API or the package
+    return panel

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 from accounts.pages import role_required
 from muninn.errors import MuninnError, TooLarge
 
-from . import progress, selectors, services
+from . import predictions, progress, selectors, services
 from .forms import DatasetUploadForm
 
 Panel = Callable[..., dict]
@@ -75,7 +75,9 @@ def job_detail(request, job_id: int, panels: Sequence[Panel] = ()):
     state = {**progress.job_progress(job), **_panels(job, panels)}
     return render(request, "jobs/job.html", {"job": job, "state": state, "chart_metrics": progress.CHART_METRICS,
                                              "model_input": selectors.model_input_note(job),
-                                             "flagged": selectors.job_flagged_updates(job)})
+                                             "flagged": selectors.job_flagged_updates(job),
+                                             "try_model": predictions.try_panel(job),
+                                             "model_filename": f"muninn-job-{job.pk}-{job.template}.safetensors"})
 
 
 @role_required("customer")

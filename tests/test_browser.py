@@ -21,8 +21,10 @@ import psycopg
 import pytest
 import requests
 from django.conf import settings
+from muninn_worker import load_model
 from playwright import sync_api as playwright_sync  # in the dev extras: pip install -e ".[dev]"
 from playwright.sync_api import expect
+from sklearn.datasets import load_digits
 
 from muninn.celery import app as celery_app
 from scripts.stack import ROOT, VENV_BIN, Stack, base_env, free_port
@@ -263,6 +265,30 @@ def test_customer_tops_up_uploads_gets_a_quote_runs_a_job_and_downloads_the_mode
     assert download.value.suggested_filename.endswith("-mlp.safetensors") and path.stat().st_size > 1000
     header_len = int.from_bytes(path.read_bytes()[:8], "little")
     assert b'"muninn_template":"mlp"' in path.read_bytes()[8:8 + header_len]
+
+    # Try the model on the page: two digits typed as CSV rows, answered as the downloaded package answers them.
+    X, y = load_digits(return_X_y=True)
+    header = page.input_value("#try-csv").strip()
+    assert header == ",".join(f"x{j}" for j in range(64))
+    rows = header + "\n" + "\n".join(",".join(str(int(v)) for v in X[i]) for i in (0, 1)) + "\n"
+    page.fill("#try-csv", rows)
+    page.click("#try-submit")
+    page.wait_for_selector("#try-table")
+    shown = [cell.inner_text() for cell in page.locator("#try-table .try-prediction").all()]
+    assert shown == [p["label"] for p in load_model(path).predict(rows)]
+    assert "%" in page.inner_text("#try-table")
+    shot(page, "job-try-model")
+    page.fill("#try-csv", header + "\n" + "1," * 63 + "seven\n")
+    page.click("#try-submit")
+    page.wait_for_selector("#try-error")
+    assert "row 2, column 'x63'" in page.inner_text("#try-error")
+    batch = live.tmp / "batch.csv"
+    batch.write_text(header + "\n" + "\n".join(",".join(str(int(v)) for v in X[i]) for i in range(5)) + "\n")
+    page.set_input_files("#batch-file", str(batch))
+    with page.expect_download() as predictions:
+        page.click("#batch-submit")
+    table = predictions.value.path().read_text().splitlines()
+    assert table[0].startswith("row,prediction,p(0),p(1)") and len(table) == 6
 
 
 def test_contributor_sees_earnings_sets_up_payouts_and_requests_one(live, browser):
