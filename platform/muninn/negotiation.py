@@ -15,3 +15,14 @@ class JsonFallbackNegotiation(DefaultContentNegotiation):
             return super().select_renderer(request, renderers, format_suffix)
         except NotAcceptable:
             return renderers[0], renderers[0].media_type
+
+
+class _NoFormatOverride:
+    URL_FORMAT_OVERRIDE = None
+
+
+class FileFormatNegotiation(JsonFallbackNegotiation):
+    """For a download whose own `format` query parameter names the file's format (the model's `?format=onnx`): DRF
+    reads `?format=` as a renderer's name and answers one it has no renderer for with a 404 before the view runs."""
+
+    settings = _NoFormatOverride()
