@@ -3,6 +3,7 @@ answers what torch answers, within 1e-4 of the output's scale, on the tensor the
 normalisation inside the graph), at batch sizes (and text lengths) other than the export's."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 
@@ -11,8 +12,8 @@ import onnx
 import onnxruntime
 import pytest
 import torch
-from muninn_worker import datasets, onnx_export, preparation, tensors, zoo
 from django.test import Client
+from muninn_worker import datasets, onnx_export, preparation, tensors, zoo
 from rest_framework.test import APIClient
 
 from accounts import services as accounts
@@ -163,7 +164,8 @@ def test_a_succeeded_jobs_onnx_download_runs_as_its_safetensors_model(customer_a
     X = torch.from_numpy(np.load(io.BytesIO(digits_npz(9)))["X"])
     assert json.loads(props["muninn_model_config"]) == config and json.loads(props["muninn_data"]) == list("0123456789")
     assert_agrees(model, torch_model("mlp", config, tensors.bytes_to_state_dict(safetensors)), X)
-    assert onnx_of(customer_api, mlp_job)[1] == model  # kept, and the same bytes
+    assert storage.blob_exists(hashlib.sha256(model).hexdigest())  # kept for the next download
+    assert onnx_of(customer_api, mlp_job)[1] == model
 
 
 def test_a_bad_format_or_artefact_is_refused_with_a_sentence_and_another_customers_job_is_not_found(
@@ -209,8 +211,8 @@ def test_a_lora_job_exports_only_its_merged_transformer(customer_api):
                             format="json").json()
     adapters = {k: torch.randn_like(v) * 0.1 for k, v in zoo.init_state("lora", Job.objects.get(
         pk=job["id"]).model_config, seed=2).items()}  # trained adapters: B no longer zero
-    Job.objects.filter(pk=job["id"]).update(status=Job.Status.SUCCEEDED,
-                                            global_weights_sha256=storage.blob_put(tensors.state_dict_to_bytes(adapters)))
+    trained_sha = storage.blob_put(tensors.state_dict_to_bytes(adapters))
+    Job.objects.filter(pk=job["id"]).update(status=Job.Status.SUCCEEDED, global_weights_sha256=trained_sha)
 
     alone = customer_api.get(f"/api/jobs/{job['id']}/model?format=onnx")
     response, model = onnx_of(customer_api, job["id"], "&artefact=merged")

@@ -22,7 +22,8 @@ The exporter is torch's TorchScript-based one (`dynamo=False`), not the torch.ex
 the `onnx` package (not onnxscript), was about thirty times faster on these templates (measured on CPU: 10-300 ms
 for small models, 1-4 s for a 64-wide ResNet-18 or a 25M-parameter transformer, against 1-6 s for small models with
 `dynamo=True`), and is deterministic: the same weights give the same bytes, in any process. torch deprecates it;
-torch is pinned, and the tests that run every template's export in onnxruntime say when an upgrade drops it. Needs `pip install 'muninn-worker[onnx]'`; onnx is imported only here, when a model is exported.
+torch is pinned, and the tests that run every template's export in onnxruntime say when an upgrade drops it.
+Needs `pip install 'muninn-worker[onnx]'`; onnx is imported only here, when a model is exported.
 """
 from __future__ import annotations
 
