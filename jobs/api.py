@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsCustomer
-from muninn.errors import TooLarge
+from muninn.errors import InvalidInput, TooLarge
 from muninn.openapi import binary, errors
 from muninn.throttles import PredictThrottle
 from muninn.serializers import StrictSerializer
@@ -226,21 +226,35 @@ class JobCancelView(APIView):
 class JobModelView(APIView):
     """The trained model: safetensors of the final global weights, with the template and model_config in the
     file's metadata. For a LoRA job these are the adapters; `?artefact=merged` gives the merged transformer
-    (base + adapters), which can be uploaded again as base weights."""
+    (base + adapters), which can be uploaded again as base weights. `?format=onnx` gives the model as ONNX
+    (muninn_worker.onnx_export), for a LoRA job only with `artefact=merged`."""
 
     permission_classes = [IsCustomer]
+    FORMATS = ("safetensors", "onnx")
 
-    @extend_schema(summary="Download the trained model (safetensors)",
+    @extend_schema(summary="Download the trained model (safetensors or ONNX)",
                    parameters=[OpenApiParameter("artefact", str, enum=["model", "merged"], default="model",
                                                 description="`merged`: a lora job's base and adapters in one "
-                                                            "transformer (404 for other jobs)")],
+                                                            "transformer (404 for other jobs)"),
+                               OpenApiParameter("format", str, enum=list(FORMATS), default="safetensors",
+                                                description="`onnx`: an ONNX graph taking the same input tensor as "
+                                                            "the torch model, its layout in the metadata_props "
+                                                            "(mlp, cnn, resnet18, transformer; lora with "
+                                                            "artefact=merged)")],
                    responses={**binary("safetensors of the model's weights, its template and model_config in the "
-                                       "metadata"),
-                              **errors(400, 409, codes={400: "`bad_artefact`",
+                                       "metadata; or the ONNX model"),
+                              **errors(400, 409, codes={400: "`bad_artefact`, `bad_format`, `not_exportable`",
                                                         409: "`not_ready` (the job has not succeeded)"})})
     def get(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
-        model = selectors.job_model_file(job, artefact=request.query_params.get("artefact", "model"))
+        artefact = request.query_params.get("artefact", "model")
+        fmt = request.query_params.get("format", "safetensors")
+        if fmt not in self.FORMATS:
+            raise InvalidInput(f"format must be 'safetensors' or 'onnx' (got {fmt!r}).", code="bad_format")
+        if fmt == "onnx":
+            model = selectors.job_model_onnx(job, artefact=artefact)
+        else:
+            model = selectors.job_model_file(job, artefact=artefact)
         return FileResponse(io.BytesIO(model.data), as_attachment=True, filename=model.filename,
                             content_type="application/octet-stream")
 

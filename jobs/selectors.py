@@ -1,12 +1,15 @@
 """Reads on jobs and datasets. Everything a user reaches by id goes through an owner filter here."""
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, Q, QuerySet, Sum
 from django.shortcuts import get_object_or_404
-from muninn_worker import package, tensors, zoo
+from muninn_worker import onnx_export, package, tensors, zoo
 
 from muninn.errors import Conflict, InvalidInput, NotFound
 
@@ -265,3 +268,45 @@ def model_input_note(job: Job) -> str:
     return (f"This model takes {layout} with {scale}. Do not divide by 255 or normalise: the model standardises "
             "each channel itself with your training data's mean and spread, and pixels scaled to 0–1 silently give "
             "chance-level predictions.")
+
+
+def job_model_onnx(job: Job, *, artefact: str = "model") -> ModelFile:
+    """The trained model as ONNX (muninn_worker.onnx_export): a graph that takes the same tensor as the torch model
+    (its normalisation inside) and carries the template, model_config, input and output layouts, job and classes or
+    vocabulary in its metadata_props. A lora job's adapters are no model on their own: artefact "merged" exports the
+    merged transformer. An export takes up to seconds for large models, so it is kept as a blob, found again through
+    the cache by everything its bytes depend on (weights, base, metadata, torch); the same job gives the same bytes."""
+    if job.status != Job.Status.SUCCEEDED:
+        raise Conflict(f"The model is ready when the job has succeeded; it is {job.status}.", code="not_ready")
+    if artefact not in ("model", "merged"):
+        raise InvalidInput("artefact must be 'model' or 'merged'.", code="bad_artefact")
+    if artefact == "merged" and job.base_weights_id is None:
+        raise NotFound("Only a lora job has a merged model.")
+    if artefact == "model" and not onnx_export.supported(job.template):
+        merged = " Ask for artefact=merged: the merged transformer can be." if job.base_weights_id else ""
+        raise InvalidInput(f"Models of the {job.template} template cannot be exported to ONNX.{merged}",
+                           code="not_exportable")
+    metadata = {"muninn_job": str(job.pk), "muninn_data": json.dumps(job.metrics.get("classes") or
+                                                                      job.metrics.get("vocab") or [])}
+    in_doubt = job_flagged_rounds(job)
+    if in_doubt:
+        metadata["muninn_flagged_rounds"] = json.dumps(in_doubt)
+    base_sha = job.base_weights.sha256 if artefact == "merged" else None
+    key = "muninn:onnx:" + hashlib.sha256(json.dumps(
+        [job.global_weights_sha256, base_sha, job.template, job.model_config, metadata, torch.__version__,
+         onnx_export.OPSET], sort_keys=True).encode()).hexdigest()
+    filename = f"muninn-job-{job.pk}-{job.template}{'-merged' if artefact == 'merged' else ''}.onnx"
+    sha = cache.get(key)
+    if sha is not None and storage.blob_exists(sha):
+        return ModelFile(storage.blob_get(sha), filename)
+    state = tensors.bytes_to_state_dict(storage.blob_get(job.global_weights_sha256))
+    template, config = job.template, job.model_config
+    if base_sha:
+        state = zoo.merge_lora(config, tensors.bytes_to_state_dict(storage.blob_get(base_sha)), state)
+        template, config = "transformer", {k: v for k, v in config.items() if k not in ("rank", "alpha")}
+    try:
+        data = onnx_export.export(template, config, state, metadata=metadata)
+    except onnx_export.NotExportable as exc:  # weights past one ONNX file's 2 GiB
+        raise InvalidInput(str(exc), code="not_exportable") from None
+    cache.set(key, storage.blob_put(data), timeout=None)
+    return ModelFile(data, filename)
