@@ -301,6 +301,9 @@ def test_money_invariants_hold_along_every_path(market_settings):
         ("quote", {"rounds": 3, "epochs": 1}), ("start_job", {"pick": 2}), ("start_job", {"pick": 2}),  # used
         ("rejected_unit", {}), ("verified_units", {"units": 1}), ("forfeit", {"pick": 0}),
         ("cancel_a_job", {"coin": 0}),
+        # a job whose work costs less than the minimum succeeds: it pays the minimum, once
+        ("minimum_charge_changes", {"minimum": "60"}), ("quote", {"rounds": 1, "epochs": 1}),
+        ("start_job", {"pick": 3}), ("verified_units", {"units": 2}), ("settle_an_ended_job_again", {"pick": 1}),
         ("hold_for_review", {}), ("hold_for_review", {}), ("clear_earnings", {"wait": True}),  # held: nothing clears
         ("review", {"pick": 0, "fraud": True}), ("review", {"pick": 1, "fraud": False}),
         ("review", {"pick": 0, "fraud": False}),
@@ -313,7 +316,8 @@ def test_money_invariants_hold_along_every_path(market_settings):
         getattr(machine, name)(**kwargs)
         for invariant_name in ("books_balance", "no_person_is_negative", "no_job_costs_more_than_its_quote",
                                "every_credited_hu_traces_to_an_accepted_receipt", "contributor_money_adds_up",
-                               "held_earnings_never_clear"):
+                               "held_earnings_never_clear",
+                               "the_minimum_charge_goes_to_the_platform_once_and_only_for_jobs_that_succeeded"):
             getattr(machine, invariant_name)()
 
     kinds = set(Transaction.objects.values_list("kind", flat=True))
