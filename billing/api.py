@@ -62,7 +62,10 @@ class EstimateSerializer(TrainingSerializer):
     flops = serializers.IntegerField()
     flops_per_round = serializers.IntegerField()
     hu = HU
-    price = MoneySerializer()
+    price = MoneySerializer(help_text="The most the job costs (its hold): its work at the rate, at least the minimum")
+    work_price = MoneySerializer(help_text="The quoted work at the rate, rounded up")
+    minimum_charge = MoneySerializer(help_text="The least a job that succeeds pays; one that fails or is cancelled "
+                                               "pays only for its verified work")
     price_per_hu = serializers.CharField(help_text="A decimal string")
     peak_memory_bytes = serializers.IntegerField()
 
@@ -87,7 +90,10 @@ class QuoteSerializer(TrainingSerializer):
     aggregation = serializers.CharField()
     flops = serializers.IntegerField()
     hu = HU
-    price = MoneySerializer()
+    price = MoneySerializer(help_text="The most the job costs (its hold): its work at the rate, at least the minimum")
+    work_price = MoneySerializer(help_text="The quoted work at the rate, rounded up")
+    minimum_charge = MoneySerializer(help_text="The least a job that succeeds pays; one that fails or is cancelled "
+                                               "pays only for its verified work")
     price_per_hu = serializers.CharField(help_text="A decimal string")
     peak_memory_bytes = serializers.IntegerField()
     device_tier = DeviceTierSerializer()
@@ -119,7 +125,8 @@ class BalanceSerializer(serializers.Serializer):
 class JobChargesSerializer(serializers.Serializer):
     job = serializers.IntegerField()
     quoted = MoneySerializer()
-    charged = MoneySerializer()
+    charged = MoneySerializer(help_text="Its verified work, and what the minimum charge per job added")
+    minimum = MoneySerializer(help_text="What the minimum charge per job added (a job that succeeded)")
     released = MoneySerializer()
     held = MoneySerializer()
     hu_estimated = HU
@@ -178,13 +185,15 @@ class EstimateView(APIView):
                                      rounds=choice["rounds"], base_weights=_base_weights(request, choice),
                                      training=training_choice(choice))
         est = plan.estimate
-        price = money.quote_price(est.flops_total, settings.MUNINN_PRICE_PER_HU,
-                                  minimum=money.to_nanos(settings.MUNINN_MIN_CHARGE_PER_JOB))
+        minimum = money.to_nanos(settings.MUNINN_MIN_CHARGE_PER_JOB)
+        price = money.quote_price(est.flops_total, settings.MUNINN_PRICE_PER_HU, minimum=minimum)
         return Response({
             "template": choice["template"], "hparams": plan.hparams, "rounds": choice["rounds"],
             **plan.scheme.fields(), "flops": est.flops_total, "flops_per_round": est.flops_per_round,
             "hu": hu_str(est.hu),
-            "price": _money(price), "price_per_hu": str(settings.MUNINN_PRICE_PER_HU),
+            "price": _money(price), "minimum_charge": _money(minimum),
+            "price_per_hu": str(settings.MUNINN_PRICE_PER_HU),
+            "work_price": _money(money.price_for_flops(est.flops_total, settings.MUNINN_PRICE_PER_HU, round_up=True)),
             "peak_memory_bytes": est.peak_memory_bytes,
         })
 
@@ -195,6 +204,7 @@ def quote_body(quote: Quote) -> dict:
         "hparams": quote.hparams, "rounds": quote.rounds, "aggregation": quote.aggregation,
         **{name: getattr(quote, name) for name in TRAINING_FIELDS}, "flops": quote.flops,
         "hu": hu_str(money.flops_to_hu(quote.flops)), "price": _money(quote.price),
+        "work_price": _money(quote.work_price), "minimum_charge": _money(quote.minimum_charge),
         "price_per_hu": str(quote.price_per_hu), "peak_memory_bytes": quote.peak_memory_bytes,
         "device_tier": selectors.quote_tier(quote),
         "devices_online": quote.devices_online, "devices_recent": quote.devices_recent,
@@ -268,7 +278,7 @@ class JobChargesView(APIView):
         job = job_selectors.job_get(owner=request.user, job_id=job_id)
         m = selectors.job_money(job=job)
         return Response({"job": job.pk, "quoted": _money(m["quoted"]), "charged": _money(m["charged"]),
-                         "released": _money(m["released"]), "held": _money(m["held"]),
+                         "minimum": _money(m["minimum"]), "released": _money(m["released"]), "held": _money(m["held"]),
                          "hu_estimated": hu_str(job.hu_estimated),
                          "hu_charged": hu_str(money.flops_to_hu(m["flops_charged"]))})
 

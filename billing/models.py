@@ -48,6 +48,7 @@ class Transaction(models.Model):
         PAYOUT_REQUEST = "payout_request", "Payout requested"
         PAYOUT = "payout", "Payout transferred"
         PAYOUT_RETURN = "payout_return", "Payout returned (rejected, failed or reversed)"
+        MINIMUM_CHARGE = "minimum_charge", "Minimum charge per job"
 
     idempotency_key = models.CharField(max_length=200, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -105,7 +106,12 @@ class Quote(models.Model):
     inner_steps = models.PositiveIntegerField(null=True, blank=True)
     update_encoding = models.CharField(max_length=8, default="fp32")
     flops = models.BigIntegerField()
-    price = models.BigIntegerField()  # nanos, rounded up
+    price = models.BigIntegerField()  # nanos: the most the job costs (its hold), max(work_price, minimum_charge)
+    # nanos, rounded up: the quoted work at the rate, which its verified units share (and their contributors earn from)
+    work_price = models.BigIntegerField()
+    # nanos: the least a job that succeeds pays (MUNINN_MIN_CHARGE_PER_JOB when quoted); what its verified work
+    # cost below it goes to the platform at the job's end (services.minimum_charge_settle)
+    minimum_charge = models.BigIntegerField(default=0)
     price_per_hu = models.DecimalField(max_digits=24, decimal_places=9)
     currency = models.CharField(max_length=3)
     peak_memory_bytes = models.BigIntegerField()

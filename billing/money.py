@@ -5,12 +5,11 @@ training job costs far less than a cent, and rounding it to cents would make the
 """
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 from jobs.hu import FLOPS_PER_HU, flops_to_hu  # noqa: F401  (re-exported: money and HU go together)
-
-NANOS_PER_UNIT = 10**9
-CURRENCY_SYMBOLS = {"EUR": "€", "USD": "$", "GBP": "£"}
+from muninn import figures
+from muninn.figures import CENT, CURRENCY_SYMBOLS, NANOS_PER_UNIT  # noqa: F401  (one definition, shown there)
 
 
 def price_for_flops(flops: int, price_per_hu: Decimal, *, round_up: bool) -> int:
@@ -23,10 +22,18 @@ def price_for_flops(flops: int, price_per_hu: Decimal, *, round_up: bool) -> int
 
 
 def quote_price(flops: int, price_per_hu: Decimal, *, minimum: int) -> int:
-    """A job's quoted price in nanos: its FLOPs at the rate, rounded up, and never below the minimum charge
-    per job (settings.MUNINN_MIN_CHARGE_PER_JOB), so that small work still pays its contributors a visible
-    amount."""
+    """A job's quoted price in nanos, the most it can cost (its hold): its FLOPs at the rate, rounded up, and never
+    below the minimum charge per job (settings.MUNINN_MIN_CHARGE_PER_JOB)."""
     return max(price_for_flops(flops, price_per_hu, round_up=True), minimum)
+
+
+def minimum_top_up(*, minimum: int, charged: int, held: int) -> int:
+    """What a job that succeeded pays the platform at its end so that it pays at least the minimum charge per job:
+    the minimum less what its verified work was charged, never below zero, never more than is left of its hold
+    (`held`). The work's charges, and so its contributors' earnings, are the same with or without it."""
+    if minimum < 0 or charged < 0 or held < 0:
+        raise ValueError("amounts must not be negative")
+    return min(max(0, minimum - charged), held)
 
 
 def price_share(price: int, quoted_flops: int, flops: int) -> int:
@@ -62,22 +69,11 @@ def to_nanos(amount: Decimal | str | int) -> int:
     return int(value)
 
 
-CENT = NANOS_PER_UNIT // 100
-
-
 def format_money(nanos: int, currency: str = "EUR", *, exact: bool = False) -> str:
-    """The one way money is shown. Amounts of a cent or more are rounded to the cent (a balance of
-    99.999999817 reads €100.00); smaller ones, such as one unit's earnings, show their exact digits (€0.0000233),
-    so no non-zero amount reads as nothing. `exact=True` always shows every digit (up to 9 decimals, trailing
-    zeros trimmed to 2): for statements' details and messages that compare two amounts."""
-    sign = "-" if nanos < 0 else ""
-    amount = abs(nanos)
-    if not exact and amount >= CENT:
-        cents = int((Decimal(amount) / CENT).to_integral_value(rounding=ROUND_HALF_EVEN))
-        amount = cents * CENT
-    whole, frac = divmod(amount, NANOS_PER_UNIT)
-    digits = f"{frac:09d}".rstrip("0").ljust(2, "0")
-    return f"{sign}{CURRENCY_SYMBOLS.get(currency, currency + ' ')}{whole:,}.{digits}"
+    """The one way money is shown (muninn.figures): to the cent, a non-zero amount under a cent as "< €0.01";
+    `exact=True` shows every digit (up to 9 decimals, at least 2), for statements, memos and messages that compare
+    two amounts."""
+    return figures.money_exact(nanos, currency) if exact else figures.money_text(nanos, currency)
 
 
 MINOR_DIGITS = {"JPY": 0, "KRW": 0}  # Stripe's "zero-decimal" currencies; the rest have cents

@@ -34,13 +34,16 @@ def job_flops_charged(*, job) -> int:
 
 
 def job_money(*, job) -> dict[str, int]:
-    """What the job was quoted (held), charged so far, released back, and still holds, from the entries on
-    the customer's held account that carry this job."""
+    """What the job was quoted (held), charged so far (its verified work and, once it succeeded, what the minimum
+    charge per job added: `minimum`), released back, and still holds, from the entries on the customer's held
+    account that carry this job."""
     rows = (Entry.objects.filter(transaction__job=job, account__kind=Account.Kind.CUSTOMER_HELD)
             .values("transaction__kind").annotate(s=Sum("amount")))
     by_kind = {row["transaction__kind"]: row["s"] for row in rows}
-    return {"quoted": by_kind.get("hold", 0), "charged": -by_kind.get("charge", 0),
-            "released": -by_kind.get("release", 0), "held": sum(by_kind.values()),
+    return {"quoted": by_kind.get("hold", 0),
+            "charged": -by_kind.get("charge", 0) - by_kind.get("minimum_charge", 0),  # verified work and the minimum
+            "minimum": -by_kind.get("minimum_charge", 0), "released": -by_kind.get("release", 0),
+            "held": sum(by_kind.values()),
             "flops_charged": job_flops_charged(job=job)}
 
 

@@ -67,7 +67,8 @@ def locked(account: Account) -> Account:
 
 
 def _fmt(nanos: int) -> str:
-    return money.format_money(nanos, settings.MUNINN_CURRENCY)
+    """Amounts in memos and audit reasons are exact: they are the statement's details."""
+    return money.format_money(nanos, settings.MUNINN_CURRENCY, exact=True)
 
 
 def balance_grant(*, user, amount: int, reason: str, granted_by, key: str | None = None) -> Transaction:
@@ -108,7 +109,8 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
                 aggregation: str = "fedavg", training: dict | None = None,
                 online_capacity: OnlineCapacity | None = None, recent_capable: RecentCapable | None = None,
                 now: datetime | None = None) -> Quote:
-    """Price a job before it exists: HU and price (rounded up, at least the minimum charge per job), the device
+    """Price a job before it exists: HU and price (its work at the rate, rounded up, and at least the minimum charge
+    per job, which the quote keeps: see minimum_charge_settle), the device
     tier its peak memory needs, the wall time the devices online now should take, and how many capable devices
     were seen lately (`recent_capable`; none: the quote warns). Valid for MUNINN_QUOTE_TTL_SECONDS. The quote
     keeps the training algorithm's settings (`training`, see jobs.services.job_plan), which the job is created
@@ -127,10 +129,12 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         flops_per_round = flops_per_round // est.units_per_round * min(est.units_per_round, max(1, len(devices)))
     now = now or timezone.now()
     rate = settings.MUNINN_PRICE_PER_HU
+    minimum = money.to_nanos(settings.MUNINN_MIN_CHARGE_PER_JOB)
     return Quote.objects.create(
         customer=customer, dataset=dataset, template=template, hparams=plan.hparams, rounds=rounds,
         base_weights=base_weights, aggregation=aggregation, **plan.scheme.fields(), flops=est.flops_total,
-        price=money.quote_price(est.flops_total, rate, minimum=money.to_nanos(settings.MUNINN_MIN_CHARGE_PER_JOB)),
+        price=money.quote_price(est.flops_total, rate, minimum=minimum),
+        work_price=money.price_for_flops(est.flops_total, rate, round_up=True), minimum_charge=minimum,
         price_per_hu=rate,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
@@ -226,16 +230,17 @@ def hold_place(*, job, quote_id=None, now: datetime | None = None) -> Transactio
 
 
 def _quoted(job) -> tuple[int, int]:
-    """(price, FLOPs) of the quote the job accepted: what its verified work shares between its units."""
-    return Quote.objects.filter(job=job).values_list("price", "flops").first() or (0, 0)
+    """(work price, FLOPs) of the quote the job accepted: what its verified work shares between its units. The
+    minimum charge per job is not part of it: it is settled at the job's end and never changes what work earns."""
+    return Quote.objects.filter(job=job).values_list("work_price", "flops").first() or (0, 0)
 
 
 def unit_charge(*, unit, contributor) -> Transaction:
     """Charge one verified unit from the job's hold: the contributor's share to their pending earnings, the rest
     to the platform. Never more than what is left of the hold, never twice for one unit.
 
-    A unit pays its part of the quoted price in proportion to its FLOPs (money.step_share), so the job's
-    charges add up to exactly the quote when it does all its quoted work, and never more. Every verified unit
+    A unit pays its part of the quoted work's price in proportion to its FLOPs (money.step_share), so the job's
+    charges add up to exactly that when it does all its quoted work, and never more. Every verified unit
     earns its contributor at least MUNINN_MIN_EARNING_PER_UNIT: when the customer's part falls short (a tiny
     unit, or re-issued work beyond the estimate once the hold is used up), the platform's fee makes up the rest."""
     return unit_charges(job=unit.round.job, charges=[(unit, contributor)])[0]
@@ -313,10 +318,35 @@ def check_charge(*, job, check_id: int, flops: int, contributor, memo: str) -> T
         )
 
 
-def hold_release(*, job) -> Transaction | None:
-    """At the job's end (finished, failed or cancelled), what is left of its hold goes back to the customer."""
+def minimum_charge_settle(*, job) -> Transaction | None:
+    """A job that succeeded pays at least its quote's minimum charge per job: when its verified work cost less, the
+    difference moves from its hold to the platform's fees, once (money.minimum_top_up). Contributors' earnings do
+    not change. A job that failed or was cancelled pays only for its verified work. None when nothing is due."""
+    key = f"minimum:job:{job.pk}"
     with transaction.atomic():
         held = locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))
+        existing = Transaction.objects.filter(idempotency_key=key).first()
+        if existing or job.status != job.Status.SUCCEEDED:
+            return existing
+        minimum = Quote.objects.filter(job=job).values_list("minimum_charge", flat=True).first() or 0
+        charged = selectors.job_money(job=job)["charged"]
+        amount = money.minimum_top_up(minimum=minimum, charged=charged,
+                                      held=max(0, selectors.job_hold_remaining(job=job)))
+        if amount <= 0:
+            return None
+        return ledger_post(
+            key=key, kind=Transaction.Kind.MINIMUM_CHARGE, job=job,
+            memo=(f"minimum charge per job {_fmt(minimum)}: the verified work of job {job.pk} cost {_fmt(charged)}, "
+                  f"the platform keeps the difference"),
+            lines=[(held, -amount), (account_for(kind=Kind.PLATFORM_FEE), amount)])
+
+
+def hold_release(*, job) -> Transaction | None:
+    """At the job's end (finished, failed or cancelled), what is left of its hold goes back to the customer, once
+    a job that succeeded has paid its minimum charge."""
+    with transaction.atomic():
+        held = locked(account_for(kind=Kind.CUSTOMER_HELD, owner=job.owner))
+        minimum_charge_settle(job=job)
         remaining = selectors.job_hold_remaining(job=job)
         if remaining <= 0:
             return None

@@ -172,7 +172,8 @@ def quote_view(quote: Quote | None) -> dict | None:
     if quote is None:
         return None
     tier = selectors.quote_tier(quote)
-    return {"id": str(quote.pk), "hu": hu_str(flops_to_hu(quote.flops)), "price": _fmt(quote.price),
+    return {"id": str(quote.pk), "flops": quote.flops, "price_nanos": quote.price,
+            "minimum_charge_nanos": quote.minimum_charge,
             "device_tier": quote.device_tier, "tier_line": tier["line"], "warning": tier["warning"],
             "expected_seconds": quote.expected_seconds,
             "devices_online": quote.devices_online, "expires_at": quote.expires_at}
@@ -260,8 +261,10 @@ def _is_uuid(text: str) -> bool:
 
 
 def job_money_panel(job: Job) -> dict:
-    """For the job page (passed in by muninn/urls.py): HU used against the quote, and the money."""
+    """For the job page (passed in by muninn/urls.py): the work used against the quote, and the money, as exact
+    figures (HU strings, FLOPs and nano-units): the page's filters and its script (Muninn.figures) round them."""
     m = selectors.job_money(job=job)
     return {"money": {"hu_quoted": hu_str(job.hu_estimated), "hu_used": hu_str(flops_to_hu(m["flops_charged"])),
-                      "quoted": _fmt(m["quoted"]), "charged": _fmt(m["charged"]), "released": _fmt(m["released"]),
-                      "released_nanos": m["released"], "held": _fmt(m["held"])}}
+                      "flops_quoted": job.flops_estimated, "flops_used": m["flops_charged"],
+                      "currency": settings.MUNINN_CURRENCY,
+                      **{f"{kind}_nanos": m[kind] for kind in ("quoted", "charged", "released", "held", "minimum")}}}

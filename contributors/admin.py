@@ -102,7 +102,7 @@ def payout_evidence(payout: Payout) -> dict:
         earned = sum(e.amount for e in txn.entries.all() if e.account.owner_id == contributor.pk)
         charges.append({
             "txn": txn, "round": txn.unit.round.number if txn.unit_id else None,
-            "hu": money.flops_to_hu(txn.flops), "earned": money.format_money(earned, payout.currency),
+            "earned": earned,
             "receipt": Receipt.objects.filter(unit_id=txn.unit_id, status=Receipt.Status.ACCEPTED).first(),
             "cleared": any(f.kind == Transaction.Kind.CLEAR for f in txn.followups.all()),
             "forfeited": any(f.kind == Transaction.Kind.FORFEIT for f in txn.followups.all()),

@@ -263,7 +263,8 @@ def _moved(transactions) -> int:
 
 
 def _fmt(nanos: int) -> str:
-    return money.format_money(nanos, settings.MUNINN_CURRENCY)
+    """Amounts in memos and audit reasons are exact: they are the statement's details."""
+    return money.format_money(nanos, settings.MUNINN_CURRENCY, exact=True)
 
 
 def device_lift_quarantine(*, device: Device, staff, reason: str) -> Device:

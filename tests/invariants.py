@@ -24,12 +24,19 @@ def assert_no_negative_balance() -> None:
 
 
 def assert_job_within_quote(job: Job) -> None:
-    """Never charged more than quoted, and exactly the verified work's share of the quoted price (by FLOPs)."""
-    m = ledger.job_money(job=job)
-    assert m["quoted"] == job.quote.price
-    assert 0 <= m["charged"] <= job.quote.price, m
-    assert m["flops_charged"] <= job.quote.flops
-    assert m["charged"] == money.price_share(job.quote.price, job.quote.flops, m["flops_charged"])
+    """Never charged more than quoted; charged exactly the verified work's share of the quoted work's price (by
+    FLOPs), and, once a job succeeded, topped up to the minimum charge per job (only then, and only to it)."""
+    m, quote = ledger.job_money(job=job), job.quote
+    assert m["quoted"] == quote.price == max(quote.work_price, quote.minimum_charge)
+    assert 0 <= m["charged"] <= quote.price, m
+    assert m["flops_charged"] <= quote.flops
+    work = money.price_share(quote.work_price, quote.flops, m["flops_charged"])
+    assert m["charged"] == work + m["minimum"], m
+    if job.status == Job.Status.SUCCEEDED and job.is_ended and m["held"] == 0:
+        assert m["minimum"] == max(0, quote.minimum_charge - work), m
+        assert m["charged"] == max(work, quote.minimum_charge), m
+    else:
+        assert m["minimum"] == 0, m
     assert m["held"] >= 0
     if job.is_ended:
         assert m["held"] == 0, m

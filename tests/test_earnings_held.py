@@ -18,6 +18,7 @@ from contributors import services as contributors
 from contributors.models import Device, DeviceEvent, Receipt
 from contributors.selectors import receipt_was_checked
 from jobs.models import WorkUnit
+from muninn import ui
 
 from .conftest import cleared, digits_npz, named_file
 from .test_spine import create_job, run_until_done
@@ -102,7 +103,7 @@ def test_quarantine_holds_unverified_earnings_and_leaves_verified_ones_pending(w
 
 def test_the_pages_show_what_is_held_for_review(worked, contributor, staff):
     quarantine(worked.device)
-    held = money.format_money(share(worked.unverified), "EUR")
+    held = ui.money(share(worked.unverified))  # to the cent, exactly on hover
     contributor_client = Client()
     contributor_client.force_login(contributor)
 
@@ -237,7 +238,7 @@ def test_a_first_confirmed_failure_holds_unverified_earnings_without_quarantinin
     assert memo == (f"held for review: device {device.pk}: a failure confirmed on unit {worked.unverified[0]}: "
                     "reexecution_mismatch: test")
     staff_page = staff_client(staff).get("/staff/").content.decode()
-    held = money.format_money(share(worked.unverified), "EUR")
+    held = ui.money(share(worked.unverified))  # to the cent, exactly on hover
     assert f'data-held="{device.pk}">{held}<' in staff_page and "Release held earnings" in staff_page
     assert ledger.ledger_total() == 0
 

@@ -51,6 +51,7 @@ class MoneyMachine(RuleBasedStateMachine):
     so that short sequences still reach the far ends of the money's paths."""
 
     fake_stripe = None  # set by the test
+    settings = None  # pytest-django's, which puts back what a sequence changes
 
     @initialize()
     def market(self):
@@ -111,6 +112,20 @@ class MoneyMachine(RuleBasedStateMachine):
     @rule(hours=st.sampled_from([1, 6, 25, 72]))  # quotes expire within the hour; earnings clear after a day
     def time_passes(self, hours):
         self.now += timedelta(hours=hours)
+
+    @rule(minimum=st.sampled_from(["0", "0.50", "60"]))  # a job here costs tens of euros: €60 is above most
+    def minimum_charge_changes(self, minimum):  # quotes made from now on state the new minimum charge per job
+        self.settings.MUNINN_MIN_CHARGE_PER_JOB = Decimal(minimum)
+
+    @rule(pick=PICK)
+    def settle_an_ended_job_again(self, pick):  # a job_ended signal delivered twice moves nothing
+        ended = list(Job.objects.filter(owner=self.customer, status__in=Job.ENDED).order_by("id"))
+        if ended:
+            job = ended[pick % len(ended)]
+            before = Transaction.objects.count()
+            services.minimum_charge_settle(job=job)
+            services.hold_release(job=job)
+            assert Transaction.objects.count() == before
 
     @precondition(_running)
     @rule(coin=st.integers(min_value=0, max_value=3))
@@ -244,6 +259,14 @@ class MoneyMachine(RuleBasedStateMachine):
         assert earned == credited - forfeited
 
     @invariant()
+    def the_minimum_charge_goes_to_the_platform_once_and_only_for_jobs_that_succeeded(self):
+        minimums = Transaction.objects.filter(kind=Transaction.Kind.MINIMUM_CHARGE, job__owner=self.customer)
+        assert not minimums.exclude(job__status=Job.Status.SUCCEEDED).exists()
+        assert minimums.count() == minimums.values("job").distinct().count()
+        assert {e.account.kind for e in Entry.objects.filter(transaction__in=minimums).select_related("account")} \
+            <= {Account.Kind.CUSTOMER_HELD, Account.Kind.PLATFORM_FEE}  # never a contributor's
+
+    @invariant()
     def held_earnings_never_clear(self):
         for charge in Transaction.objects.filter(kind=Transaction.Kind.CHARGE, job__owner=self.customer):
             kinds = list(charge.followups.values_list("kind", flat=True))
@@ -256,7 +279,9 @@ def market_settings(settings, fake_stripe):
     settings.MUNINN_PRICE_PER_HU = Decimal(10**11)  # a 120-row job costs tens of euros, so payouts happen
     settings.MUNINN_PAYOUT_MIN = Decimal("1.00")
     settings.MUNINN_EARNINGS_HOLD_SECONDS = 24 * 3600
+    settings.MUNINN_MIN_CHARGE_PER_JOB = Decimal("0.50")
     MoneyMachine.fake_stripe = fake_stripe
+    MoneyMachine.settings = settings
 
 
 def test_money_invariants_hold_over_random_sequences(market_settings):
@@ -276,6 +301,9 @@ def test_money_invariants_hold_along_every_path(market_settings):
         ("quote", {"rounds": 3, "epochs": 1}), ("start_job", {"pick": 2}), ("start_job", {"pick": 2}),  # used
         ("rejected_unit", {}), ("verified_units", {"units": 1}), ("forfeit", {"pick": 0}),
         ("cancel_a_job", {"coin": 0}),
+        # a job whose work costs less than the minimum succeeds: it pays the minimum, once
+        ("minimum_charge_changes", {"minimum": "60"}), ("quote", {"rounds": 1, "epochs": 1}),
+        ("start_job", {"pick": 3}), ("verified_units", {"units": 2}), ("settle_an_ended_job_again", {"pick": 1}),
         ("hold_for_review", {}), ("hold_for_review", {}), ("clear_earnings", {"wait": True}),  # held: nothing clears
         ("review", {"pick": 0, "fraud": True}), ("review", {"pick": 1, "fraud": False}),
         ("review", {"pick": 0, "fraud": False}),
@@ -288,7 +316,8 @@ def test_money_invariants_hold_along_every_path(market_settings):
         getattr(machine, name)(**kwargs)
         for invariant_name in ("books_balance", "no_person_is_negative", "no_job_costs_more_than_its_quote",
                                "every_credited_hu_traces_to_an_accepted_receipt", "contributor_money_adds_up",
-                               "held_earnings_never_clear"):
+                               "held_earnings_never_clear",
+                               "the_minimum_charge_goes_to_the_platform_once_and_only_for_jobs_that_succeeded"):
             getattr(machine, invariant_name)()
 
     kinds = set(Transaction.objects.values_list("kind", flat=True))

@@ -4,8 +4,8 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billing.money import (format_money, price_for_flops, price_share, quote_price, split_charge, step_share,
-                           to_nanos)
+from billing.money import (format_money, minimum_top_up, price_for_flops, price_share, quote_price, split_charge,
+                           step_share, to_nanos)
 
 
 def test_one_hu_costs_the_price_per_hu():
@@ -24,17 +24,18 @@ def test_split_gives_the_rounding_to_the_contributor():
 
 def test_format_money():
     assert format_money(to_nanos("12.5")) == "€12.50"
-    assert format_money(34) == "€0.000000034"
+    assert format_money(34) == "< €0.01"
+    assert format_money(34, exact=True) == "€0.000000034"
     assert format_money(-to_nanos("1")) == "-€1.00"
 
 
-def test_amounts_of_a_cent_or_more_are_shown_to_the_cent_and_smaller_ones_exactly():
+def test_amounts_are_shown_to_the_cent_and_exactly_when_asked():
     assert format_money(99_999_999_817) == "€100.00"  # a balance after a few tiny jobs
     assert format_money(99_999_999_817, exact=True) == "€99.999999817"
     assert format_money(1_234_567_890_123) == "€1,234.57"
     assert format_money(to_nanos("0.015")) == "€0.02"
-    assert format_money(23_300) == "€0.0000233"  # one unit's earnings: never shown as nothing
-    assert format_money(9_999_999) == "€0.009999999"
+    assert format_money(23_300) == "< €0.01"  # one unit's earnings: never shown as nothing
+    assert format_money(23_300, exact=True) == "€0.0000233"
     assert format_money(-99_999_999_817) == "-€100.00"
 
 
@@ -74,3 +75,19 @@ def test_unit_shares_add_up_to_exactly_the_quote_when_the_job_does_its_quoted_wo
         before += flops
         assert charged == price_share(price, quoted, before) <= price
     assert charged == price
+
+
+def test_a_job_that_succeeded_below_the_minimum_pays_the_difference_and_no_more():
+    assert minimum_top_up(minimum=to_nanos("0.50"), charged=36, held=to_nanos("0.50") - 36) == to_nanos("0.50") - 36
+    assert minimum_top_up(minimum=to_nanos("0.50"), charged=to_nanos("3"), held=to_nanos("1")) == 0
+    assert minimum_top_up(minimum=0, charged=0, held=to_nanos("1")) == 0
+
+
+@given(st.integers(min_value=0, max_value=10**13), st.integers(min_value=0, max_value=10**13),
+       st.integers(min_value=0, max_value=10**13))
+def test_the_minimum_charge_never_takes_more_than_quoted_or_the_minimum(work_price, minimum, charged_part):
+    price = max(work_price, minimum)  # the quote, and the hold
+    charged = min(charged_part, work_price)  # the units' charges never pass the work's price
+    top_up = minimum_top_up(minimum=minimum, charged=charged, held=price - charged)
+    assert 0 <= top_up <= price - charged
+    assert charged + top_up == max(charged, minimum) <= price  # at least the minimum, never more than quoted

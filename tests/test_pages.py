@@ -260,7 +260,7 @@ def test_job_progress_reports_rounds_money_and_the_waiting_note(customer, custom
     assert opening["note"] == "Opening the next round…"
     assert waiting["rounds"] == 2 and waiting["rounds_done"] == 0 and waiting["round_list"][0]["units"] == {"queued": 1}
     assert waiting["note"] == "Round 1: waiting for a device to claim the work."
-    assert waiting["money"]["quoted"] == money.format_money(Quote.objects.get().price) and waiting["devices"] == []
+    assert waiting["money"]["quoted_nanos"] == Quote.objects.get().price and waiting["devices"] == []
 
     Device.objects.filter(pk=device.pk).update(last_seen_at=None)  # it goes away: nothing online can run the job
     stuck = customer_client.get(f"/jobs/{job.pk}/progress").json()

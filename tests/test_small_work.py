@@ -1,5 +1,6 @@
-"""Small work still pays: a tiny job costs at least the minimum charge per job, its units share that price by
-their FLOPs, and every verified unit earns its contributor a non-zero, exact amount."""
+"""Small work still pays: a tiny job that succeeds costs the minimum charge per job (the difference above its work
+goes to the platform), its units share the work's price by their FLOPs, and every verified unit earns its
+contributor a non-zero, exact amount, the same with or without the minimum."""
 from __future__ import annotations
 
 from decimal import Decimal
@@ -22,9 +23,9 @@ def contributor_shares(job) -> list[int]:
                 .order_by("id").values_list("amount", flat=True))
 
 
-def test_a_tiny_job_pays_its_contributor_a_non_zero_exact_amount(customer_api, digits_dataset, make_device,
-                                                                 contributor, settings):
-    settings.MUNINN_MIN_CHARGE_PER_JOB = Decimal("0.01")
+def test_a_tiny_job_pays_the_minimum_charge_and_its_contributor_only_for_the_work(
+        customer_api, digits_dataset, make_device, contributor, settings):
+    settings.MUNINN_MIN_CHARGE_PER_JOB = Decimal("0.50")
     devices = [make_device("a"), make_device("b")]
     job = create_job(customer_api, digits_dataset["id"], rounds=2)
     assert job["flops_estimated"] * settings.MUNINN_PRICE_PER_HU < money.FLOPS_PER_HU // 100  # far below a cent
@@ -32,20 +33,28 @@ def test_a_tiny_job_pays_its_contributor_a_non_zero_exact_amount(customer_api, d
     done = run_until_done(devices, job["id"])
 
     invariants.assert_ledger_invariants(done)
-    paid = ledger.job_money(job=done)
-    assert paid["quoted"] == paid["charged"] == money.to_nanos("0.01")  # the minimum, charged to the nano
+    quote, paid = done.quote, ledger.job_money(job=done)
+    assert quote.price == quote.minimum_charge == money.to_nanos("0.50") > quote.work_price > 0
+    assert paid["quoted"] == paid["charged"] == money.to_nanos("0.50")  # the minimum, charged to the nano
     charges = Transaction.objects.filter(job=done, kind=Transaction.Kind.CHARGE)
+    work = -sum(c.entries.get(account__kind=Account.Kind.CUSTOMER_HELD).amount for c in charges)
+    assert work == quote.work_price  # the units shared the work's price, not the minimum
+    least = money.to_nanos(settings.MUNINN_MIN_EARNING_PER_UNIT)
     shares = contributor_shares(done)
-    assert len(shares) == charges.count() == 4 and all(share > 0 for share in shares)
-    for charge in charges:  # each unit: its FLOPs' share of the price, split exactly between contributor and fee
+    assert len(shares) == charges.count() == 4
+    for charge, share in zip(charges.order_by("id"), shares):  # what the work earns, as if there were no minimum
         amount = -charge.entries.get(account__kind=Account.Kind.CUSTOMER_HELD).amount
-        assert amount > 0
-        assert (charge.entries.get(account__kind=Account.Kind.CONTRIBUTOR_PENDING).amount
-                == money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)[0])
+        assert share == max(money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)[0], least)
+    minimum = Transaction.objects.get(job=done, kind=Transaction.Kind.MINIMUM_CHARGE)
+    assert sorted((e.account.kind, e.amount) for e in minimum.entries.all()) == sorted(
+        [(Account.Kind.CUSTOMER_HELD, -(money.to_nanos("0.50") - work)),
+         (Account.Kind.PLATFORM_FEE, money.to_nanos("0.50") - work)])
     assert ledger.balances_for(user=contributor)["contributor_pending"] == sum(shares)
-    # 70 % of the cent, plus at most a nano per unit: each split rounds the platform's fee down
-    assert money.to_nanos("0.007") <= sum(shares) <= money.to_nanos("0.007") + len(shares)
-    assert money.format_money(shares[0]) != "€0.00"
+    assert money.format_money(shares[0], exact=True) != "€0.00"
+    statement = customer_api.get("/api/balance").json()["statement"]  # the statement shows the line, exactly
+    assert [(line["amount"]["nanos"], line["amount"]["exact"]) for line in statement
+            if line["kind"] == "minimum_charge"] == [(-(money.to_nanos("0.50") - work),
+                                                      money.format_money(-(money.to_nanos("0.50") - work), exact=True))]
 
 
 def test_a_unit_whose_share_is_below_the_least_a_unit_earns_is_topped_up_by_the_platform(

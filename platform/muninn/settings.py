@@ -264,10 +264,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 MUNINN_CURRENCY = env.str("MUNINN_CURRENCY", default="EUR")
 MUNINN_PRICE_PER_HU = Decimal(env.str("MUNINN_PRICE_PER_HU", default="0.21"))
 MUNINN_CONTRIBUTOR_SHARE = Decimal(env.str("MUNINN_CONTRIBUTOR_SHARE", default="0.70"))
-# Small work still pays visibly: no job is quoted less than this (its units share the quoted price in proportion
-# to their FLOPs), and every verified unit earns its contributor at least MUNINN_MIN_EARNING_PER_UNIT (the
-# platform's fee makes up what the customer's share of the quote does not cover). Amounts in the currency.
-MUNINN_MIN_CHARGE_PER_JOB = Decimal(env.str("MUNINN_MIN_CHARGE_PER_JOB", default="0.01"))
+# The minimum charge per job: no job is quoted (held) less than this, and a job that succeeds pays at least this,
+# the difference above its verified work going to the platform (billing.services.minimum_charge_settle); a job
+# that fails or is cancelled pays only for its verified work. Every verified unit earns its contributor at least
+# MUNINN_MIN_EARNING_PER_UNIT (the platform's fee makes up what the customer's share does not cover). Amounts in
+# the currency.
+MUNINN_MIN_CHARGE_PER_JOB = Decimal(env.str("MUNINN_MIN_CHARGE_PER_JOB", default="0.50"))
 MUNINN_MIN_EARNING_PER_UNIT = Decimal(env.str("MUNINN_MIN_EARNING_PER_UNIT", default="0.00001"))
 MUNINN_LEASE_SECONDS = env.int("MUNINN_LEASE_SECONDS", default=120)
 # Units a device may hold at once (the worker client trains one at a time): a unit held is a unit nobody else

@@ -3,33 +3,42 @@ from __future__ import annotations
 
 from django import template
 from django.conf import settings
+from django.utils.html import format_html
+
+from . import figures
 
 register = template.Library()
 
 
+def _figure(text: str, title: str) -> str:
+    return format_html('<span class="figure-value" title="{}">{}</span>', title, text)
+
+
 @register.filter
 def money(nanos) -> str:
-    """Integer nano-units of the currency, shown as the one money helper shows them (to the cent, or exactly
-    when less than a cent)."""
-    from billing.money import format_money
-
-    return format_money(int(nanos or 0), settings.MUNINN_CURRENCY)
+    """Integer nano-units of the currency to the cent ("< €0.01" for less), every digit in the tooltip."""
+    nanos = int(nanos or 0)
+    return _figure(figures.money_text(nanos, settings.MUNINN_CURRENCY),
+                   figures.money_title(nanos, settings.MUNINN_CURRENCY))
 
 
 @register.filter
 def money_exact(nanos) -> str:
-    """Every digit of the amount (a statement's entries, a balance's tooltip)."""
-    from billing.money import format_money
-
-    return format_money(int(nanos or 0), settings.MUNINN_CURRENCY, exact=True)
+    """Every digit of the amount, as plain text (a statement's entries, a tooltip)."""
+    return figures.money_exact(int(nanos or 0), settings.MUNINN_CURRENCY)
 
 
 @register.filter
 def hu(flops) -> str:
-    """FLOPs as hardware units (1 HU = 10^16 FLOPs), exact."""
-    from jobs.hu import flops_to_hu, hu_str
+    """FLOPs as work people read (1.24 HU, 3.1 mHU, 512 MFLOP), the exact HU and FLOPs in the tooltip."""
+    flops = int(flops or 0)
+    return _figure(figures.hu_text(flops), figures.hu_title(flops))
 
-    return hu_str(flops_to_hu(int(flops or 0)))
+
+@register.filter
+def hu_exact(flops) -> str:
+    """FLOPs as the exact HU and FLOPs, as plain text (the statement)."""
+    return figures.hu_exact(int(flops or 0))
 
 
 # Amounts in an error's detail are nano-units for programs; the message already says them in money.

@@ -60,11 +60,13 @@
     const last = rounds[rounds.length - 1];
     document.getElementById("job-metric").textContent =
       metric && last ? metric.label + " " + metric.format(last.metrics[metric.key]) : "–";
-    if (state.money) {
-      document.getElementById("job-hu-used").textContent = state.money.hu_used;
-      document.getElementById("job-hu-quoted").textContent = state.money.hu_quoted;
-      document.getElementById("job-charged").textContent = state.money.charged;
-      document.getElementById("job-quoted").textContent = state.money.quoted;
+    if (state.money) {  // formatted as the page's server-side filters do (Muninn.figures), the exact value on hover
+      const m = state.money, F = Muninn.figures, show = (id, figure) => F.show(document.getElementById(id), figure);
+      show("job-hu-used", F.hu(F.huToFlops(m.hu_used)));
+      show("job-hu-quoted", F.hu(F.huToFlops(m.hu_quoted)));
+      show("job-charged", F.money(m.charged_nanos, m.currency));
+      show("job-quoted", F.money(m.quoted_nanos, m.currency));
+      show("job-released", F.money(m.released_nanos, m.currency));
     }
     document.getElementById("rounds-body").innerHTML = state.round_list.map((r) => {
       const units = Object.entries(r.units).map(([k, v]) => v + " " + k).join(", ") || "–";

@@ -68,8 +68,10 @@
 
   function showQuote(q) {
     $("quote-error").innerHTML = "";
-    $("quote-hu").textContent = q.hu + " HU";
-    $("quote-price").textContent = q.price.display;
+    const F = Muninn.figures;  // rounded as the page's filters round them, the exact figure on hover
+    F.show($("quote-hu"), F.hu(F.huToFlops(q.hu)));
+    F.show($("quote-price"), F.money(q.price.nanos, q.price.currency));
+    F.show($("quote-minimum"), F.money(q.minimum_charge.nanos, q.minimum_charge.currency));
     $("quote-tier").textContent = q.device_tier.line;
     $("quote-warning").textContent = q.device_tier.warning || "";
     $("quote-warning").hidden = !q.device_tier.warning;
