@@ -23,7 +23,7 @@
         what = '<td class="num try-prediction">' + M.escapeHtml(Number(p.value).toPrecision(6)) + "</td><td></td>";
       } else {
         const top = Object.entries(p.probabilities).sort((a, b) => b[1] - a[1]).slice(0, 3)
-          .map(([name, q]) => M.escapeHtml(name) + " " + percent(q)).join(", ");
+          .map(([name, q]) => M.escapeHtml(name) + ": " + percent(q)).join(", ");
         what = '<td class="try-prediction"><strong>' + M.escapeHtml(p.label) + "</strong></td><td class=\"small muted\">" +
           top + "</td>";
       }
