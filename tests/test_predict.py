@@ -9,6 +9,7 @@ import zipfile
 
 import numpy as np
 import pytest
+import torch
 from muninn_worker import datasets, load_model
 from muninn_worker.samples import generated_text, synthetic_images
 from PIL import Image
@@ -32,6 +33,22 @@ def people_csv(rows: int = 160) -> bytes:
         bought = "yes" if (age > 45) != (colour == "blue") else "no"
         lines.append(f"{'' if i % 9 == 0 else age},{'' if i % 13 == 0 else colour},{height:.3f},{bought}")
     return ("\n".join(lines) + "\n").encode()
+
+
+def onnx_agrees(api, job: Job, model, inputs) -> None:
+    """The job's ONNX export (?format=onnx), run by onnxruntime on the package's encoded inputs, answers what the
+    package's torch module answers (within float32 rounding: the graph and torch's kernels sum in other orders)."""
+    import onnxruntime
+
+    answer = api.get(f"/api/jobs/{job.pk}/model?format=onnx")
+    assert answer.status_code == 200, answer.content
+    session = onnxruntime.InferenceSession(b"".join(answer.streaming_content), providers=["CPUExecutionProvider"])
+    got = session.run(["output"], {"input": inputs.numpy()})[0]
+    want = model.outputs(inputs).numpy()
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
+    if model.task == "classification":
+        assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
 def png(image: np.ndarray) -> bytes:
@@ -87,6 +104,7 @@ def test_a_csv_jobs_site_predictions_and_the_downloaded_package_agree_exactly(cs
     truth = [row["bought"] for row in csv.DictReader(io.StringIO(training.decode()))]
     learned = np.mean([p["label"] == label for p, label in zip(from_text, truth)])
     assert learned > 0.6  # a model, not noise
+    onnx_agrees(customer_api, csv_job, model, model.encode(rows)[0])
 
 
 BAD_INPUT = [
@@ -146,6 +164,7 @@ def test_an_image_jobs_site_predictions_and_package_agree_on_an_image_and_a_zip(
     assert many.json()["predictions"] == model.predict(archive.getvalue(), name="batch.zip")
     assert [p["row"] for p in many.json()["predictions"]] == [f"new/{i}.png" for i in range(len(images))]
     assert set(many.json()["predictions"][0]["probabilities"]) == {"box", "h", "v"}
+    onnx_agrees(customer_api, done, model, model.encode(archive.getvalue(), name="batch.zip")[0])
     broken = customer_api.post(f"/api/jobs/{done.pk}/predict", {"file": io.BytesIO(b"not an image")},
                                format="multipart")
     assert broken.status_code == 400 and broken.json()["error"]["code"] == "bad_image"
@@ -166,6 +185,8 @@ def test_a_text_jobs_site_generation_and_package_agree(customer_api, make_device
     assert site.json() == {"task": "language_model", "prompt": "the ", "text": model.generate("the ", 40)}
     assert len(site.json()["text"]) == 40  # a character vocabulary: one token, one character
     assert sampled.json()["text"] == model.generate("the ", 40, temperature=0.8, seed=7)
+    prompt_ids = torch.tensor([[model.spec["vocab"].index(c) for c in "the " + site.json()["text"][:20]]])
+    onnx_agrees(customer_api, done, model, prompt_ids)
     unknown = customer_api.post(f"/api/jobs/{done.pk}/predict", {"prompt": "日本"}, format="json")
     assert unknown.status_code == 400 and "character 1 of the prompt" in unknown.json()["error"]["message"]
     too_long = customer_api.post(f"/api/jobs/{done.pk}/predict", {"prompt": "the ", "length": 10**6}, format="json")
