@@ -19,7 +19,6 @@ The last line printed is one JSON object (`site_rows_per_s`, `loader_rows_per_s`
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
@@ -32,8 +31,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
-
-JOB_TIMEOUT_S = 300
 
 
 def main() -> int:
@@ -69,27 +66,14 @@ def main() -> int:
 
 
 def measure(url: str, token: str, options: argparse.Namespace) -> dict:
-    import numpy as np
-    import requests
     from muninn_worker import load_model
     from sklearn.datasets import load_digits
 
-    api = requests.Session()
-    api.headers["Authorization"] = f"Token {token}"
+    from round_latency import _run_job  # noqa: PLC0415  (bench/ is this script's folder)
+
+    api = _session(token)
+    job = {"id": _run_job(url, token, rounds=1)}  # the digits MLP, one epoch, through the live stack
     digits = load_digits()
-    buf = io.BytesIO()
-    np.savez(buf, X=digits.data.astype(np.float32), y=digits.target.astype(np.int64))
-    dataset = _ok(api.post(f"{url}/api/datasets", files={"file": ("digits.npz", buf.getvalue())}))
-    job = _ok(api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": 1,
-                                                "hparams": {"epochs": 1}, "seed": 7, "start": True}))
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while job["status"] not in ("succeeded", "failed", "cancelled"):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"job {job['id']} did not finish within {JOB_TIMEOUT_S} s (it is {job['status']})")
-        time.sleep(0.5)
-        job = _ok(api.get(f"{url}/api/jobs/{job['id']}"))
-    if job["status"] != "succeeded":
-        raise SystemExit(f"job {job['id']} {job['status']}: {job.get('error')}")
     predict = f"{url}/api/jobs/{job['id']}/predict"
     header = ",".join(f"x{j}" for j in range(64))
     rows = [",".join(str(int(v)) for v in x) for x in digits.data]

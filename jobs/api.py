@@ -289,14 +289,17 @@ class PredictSerializer(StrictSerializer):
                                            "missing cell), or lists of numbers for a job trained on an .npz")
     csv = serializers.CharField(required=False, trim_whitespace=False,
                                 help_text="CSV text with a header naming the columns, as the training file")
-    file = serializers.FileField(required=False, help_text="multipart: a CSV file, one PNG/JPEG image, a zip of "
-                                                           "images, or an .npz with an array X")
     prompt = serializers.CharField(required=False, trim_whitespace=False, max_length=10_000,
                                    help_text="A language model's prompt, to be continued")
     length = serializers.IntegerField(required=False, help_text="Tokens to generate (default 100)")
     temperature = serializers.FloatField(required=False, default=0.0, min_value=0, max_value=10,
                                          help_text="0: the most likely token each step; above: sampled")
     seed = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**31 - 1)
+
+
+class PredictFileSerializer(StrictSerializer):
+    file = serializers.FileField(help_text="A CSV file, one PNG/JPEG image, a zip of images, or an .npz with an "
+                                           "array X")
 
 
 class PredictionSerializer(serializers.Serializer):
@@ -324,7 +327,7 @@ class JobPredictView(APIView):
     throttle_classes = [PredictThrottle]
 
     @extend_schema(summary="Predict with the job's trained model",
-                   request={"application/json": PredictSerializer, "multipart/form-data": PredictSerializer},
+                   request={"application/json": PredictSerializer, "multipart/form-data": PredictFileSerializer},
                    parameters=[OpenApiParameter("format", str, enum=["json", "csv"], default="json",
                                                 description="`csv`: the predictions as a CSV attachment")],
                    responses={(200, "application/json"): PredictAnswerSerializer,
@@ -335,9 +338,10 @@ class JobPredictView(APIView):
                        413: "`too_large`, `too_many_rows`"})})
     def post(self, request, job_id: int):
         job = selectors.job_get(owner=request.user, job_id=job_id)
-        data = PredictSerializer(data=request.data)
+        form = request.content_type.startswith("multipart/")
+        data = (PredictFileSerializer if form else PredictSerializer)(data=request.data)
         data.is_valid(raise_exception=True)
-        given, upload = data.validated_data, data.validated_data.get("file")
+        given, upload = {"temperature": 0.0, "seed": 0, **data.validated_data}, data.validated_data.get("file")
         if upload is not None and upload.size > settings.MUNINN_PREDICT_MAX_BYTES:
             raise TooLarge(f"The file is {upload.size:,} bytes; predictions on the site take at most "
                            f"{settings.MUNINN_PREDICT_MAX_BYTES:,}. Download the model package to predict on more.")

@@ -48,6 +48,8 @@ class StrictSerializer(serializers.Serializer):
                     continue  # DRF says what is wrong with a null
                 types = _json_type(field)
                 value = data[name]
+                if types == (int,) and isinstance(value, float) and value.is_integer():
+                    continue  # JSON Schema's "integer" is any number without a fraction: 3.0 is one
                 if types and (not isinstance(value, types) or (bool not in types and isinstance(value, bool))):
                     errors[name] = [f"Must be {_NAMES[types[-1]]}."]
             if errors:
