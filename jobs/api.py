@@ -4,6 +4,7 @@ import io
 from django.conf import settings
 from django.db import transaction
 from django.http import FileResponse, HttpResponse
+from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
@@ -12,14 +13,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsCustomer
-from muninn.errors import InvalidInput, TooLarge
+from muninn.errors import Conflict, InvalidInput, TooLarge
 from muninn.openapi import binary, errors
-from muninn.throttles import PredictThrottle
 from muninn.serializers import StrictSerializer
+from muninn.throttles import PredictThrottle
 from muninn_worker import certificate, zoo
 
-from . import certificates, predictions, selectors, services
-from .models import Dataset, Job, Round
+from . import certificates, predictions, selectors, services, storage
+from .models import Dataset, Job, PredictionBatch, Round
 
 
 class DatasetSerializer(serializers.ModelSerializer):
@@ -354,6 +355,69 @@ class JobPredictView(APIView):
             response["Content-Disposition"] = f'attachment; filename="muninn-job-{job.pk}-predictions.csv"'
             return response
         return Response(answer)
+
+
+class PredictionBatchSerializer(serializers.ModelSerializer):
+    csv_url = serializers.SerializerMethodField(help_text="The CSV of predictions, once the batch is done")
+
+    class Meta:
+        model = PredictionBatch
+        fields = ["id", "job", "status", "filename", "size_bytes", "rows", "done_rows", "error", "created_at",
+                  "finished_at", "csv_url"]
+
+    def get_csv_url(self, batch: PredictionBatch) -> str | None:
+        return (reverse("job-prediction-csv", kwargs={"job_id": batch.job_id, "batch_id": batch.pk})
+                if batch.status == PredictionBatch.Status.DONE else None)
+
+
+class JobPredictionListView(APIView):
+    """A file predicted off the request thread (a Celery task): 202 at once, then its progress by GET."""
+
+    permission_classes = [IsCustomer]
+    parser_classes = [MultiPartParser, FormParser]
+    throttle_classes = [PredictThrottle]
+
+    @extend_schema(summary="Predict a whole file with the job's model, in the background",
+                   request={"multipart/form-data": PredictFileSerializer},
+                   responses={202: PredictionBatchSerializer, **errors(400, 404, 409, 413, codes={
+                       400: "`empty_file`, `bad_input` (a language model: use predict with a prompt)",
+                       409: "`not_ready` (the job has not succeeded)"})})
+    def post(self, request, job_id: int):
+        job = selectors.job_get(owner=request.user, job_id=job_id)
+        data = PredictFileSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        upload = data.validated_data["file"]
+        if upload.size > settings.MUNINN_MAX_UPLOAD_BYTES:
+            raise TooLarge(f"The file is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
+        batch = services.prediction_batch_create(job=job, filename=upload.name, data=upload.read())
+        batch.refresh_from_db()  # an eager task (tests, `make run`'s in-process broker) may have finished it
+        return Response(PredictionBatchSerializer(batch).data, status=202)
+
+
+class JobPredictionDetailView(APIView):
+    permission_classes = [IsCustomer]
+
+    @extend_schema(summary="A prediction batch: its status and progress (rows done of rows)",
+                   responses={200: PredictionBatchSerializer, **errors(404)})
+    def get(self, request, job_id: int, batch_id: int):
+        batch = selectors.prediction_batch_get(owner=request.user, job_id=job_id, batch_id=batch_id)
+        return Response(PredictionBatchSerializer(batch).data)
+
+
+class JobPredictionCsvView(APIView):
+    permission_classes = [IsCustomer]
+
+    @extend_schema(summary="A done prediction batch's predictions (CSV)",
+                   responses={(200, "text/csv"): OpenApiTypes.STR, **errors(404, 409, codes={
+                       409: "`not_ready` (the batch is not done)"})})
+    def get(self, request, job_id: int, batch_id: int):
+        batch = selectors.prediction_batch_get(owner=request.user, job_id=job_id, batch_id=batch_id)
+        if batch.status != PredictionBatch.Status.DONE:
+            raise Conflict(f"The predictions are ready when the batch is done; it is {batch.status}.",
+                           code="not_ready")
+        response = HttpResponse(storage.blob_get(batch.result_sha256), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = (f'attachment; filename="muninn-job-{job_id}-predictions-{batch.pk}.csv"')
+        return response
 
 
 class HParamSerializer(serializers.Serializer):

@@ -244,3 +244,34 @@ class WorkUnit(models.Model):
     @property
     def hu(self) -> Decimal:
         return flops_to_hu(self.flops)
+
+
+class PredictionBatch(models.Model):
+    """A file of inputs predicted by a succeeded job's model off the request thread (jobs/services/predictions.py):
+    the upload and the CSV of predictions are blobs; `done_rows` of `rows` is its progress; `error` says what to fix
+    in the file (the predict API's error: code, message, detail naming the row and column)."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="prediction_batches")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.QUEUED)
+    filename = models.CharField(max_length=200)
+    input_sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    rows = models.IntegerField(null=True, blank=True)
+    done_rows = models.IntegerField(default=0)
+    result_sha256 = models.CharField(max_length=64, blank=True, default="")
+    error = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "created_at"], name="batch_status_created")]
+
+    def __str__(self) -> str:
+        return f"prediction batch {self.pk} (job {self.job_id}, {self.status})"

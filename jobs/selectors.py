@@ -14,7 +14,7 @@ from muninn_worker import onnx_export, package, tensors, zoo
 from muninn.errors import Conflict, InvalidInput, NotFound
 
 from . import storage
-from .models import Dataset, Job, Round, WorkUnit
+from .models import Dataset, Job, PredictionBatch, Round, WorkUnit
 
 
 _FIXED: dict[int, Round] = {}
@@ -66,6 +66,10 @@ def jobs_for(*, owner) -> QuerySet[Job]:
 
 def job_get(*, owner, job_id: int) -> Job:
     return get_object_or_404(jobs_for(owner=owner), pk=job_id)
+
+
+def prediction_batch_get(*, owner, job_id: int, batch_id: int) -> PredictionBatch:
+    return get_object_or_404(PredictionBatch.objects.filter(job__in=jobs_for(owner=owner)), job_id=job_id, pk=batch_id)
 
 
 def recent_jobs_for(*, owner, limit: int = 10) -> QuerySet[Job]:

@@ -8,3 +8,4 @@ job_started = Signal()  # kwargs: job, quote (the id of the quote the customer a
 job_ending = Signal()  # kwargs: job; sent before its status changes, so work already done is settled first
 job_ended = Signal()  # kwargs: job (status is SUCCEEDED, FAILED or CANCELLED)
 round_complete = Signal()  # kwargs: round_id; every unit of the open round is done: the task layer aggregates it
+prediction_batch_created = Signal()  # kwargs: batch_id; a file to predict: the task layer predicts it on commit

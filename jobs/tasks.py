@@ -12,7 +12,7 @@ from django.dispatch import receiver
 
 from . import services, wakeups
 from .models import Job, Round
-from .signals import job_started, round_complete
+from .signals import job_started, prediction_batch_created, round_complete
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,16 @@ def _open_first_round(sender, job, **kwargs) -> None:
 def _aggregate_on_commit(sender, round_id: int, **kwargs) -> None:
     """Every unit of a round is done: it is aggregated (and the next round opened) once that commits."""
     transaction.on_commit(lambda: aggregate_round.delay(round_id))
+
+
+@receiver(prediction_batch_created, dispatch_uid="jobs.predict_on_commit")
+def _predict_on_commit(sender, batch_id: int, **kwargs) -> None:
+    transaction.on_commit(lambda: predict_batch.delay(batch_id))
+
+
+@shared_task(name="jobs.tasks.predict_batch")
+def predict_batch(batch_id: int) -> str:
+    return services.prediction_batch_run(batch_id=batch_id).status
 
 
 @shared_task(name="jobs.tasks.aggregate_round")
@@ -88,3 +98,6 @@ def resume_stalled_jobs() -> None:
     for job_id in services.jobs_stalled():
         log.warning("job %s: running with no open round; opening its next round now", job_id)
         open_round(job_id)
+    for batch_id in services.prediction_batches_stalled():
+        log.warning("prediction batch %s: queued for minutes; predicting it now", batch_id)
+        predict_batch(batch_id)

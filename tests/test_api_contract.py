@@ -69,6 +69,7 @@ VALID_ONLY_WITH = {
     "/api/jobs/{job_id}/start": "the money to start it",
     # exactly one input, of the kind the job's model takes (rows with its columns, an image, a prompt in its vocabulary)
     "/api/jobs/{job_id}/predict": "input the job's model reads",
+    "/api/jobs/{job_id}/predictions": "a file of input the job's model reads",
     "/api/quotes/{quote_id}/accept": "the money to start the job, before the quote expires",
     # the site's limits (MUNINN_TOPUP_MIN/MAX, GET /api/topups; MUNINN_PAYOUT_MIN) and the earnings available
     "/api/topups": "an amount within the site's limits",

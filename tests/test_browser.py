@@ -285,8 +285,10 @@ def test_customer_tops_up_uploads_gets_a_quote_runs_a_job_and_downloads_the_mode
     batch = live.tmp / "batch.csv"
     batch.write_text(header + "\n" + "\n".join(",".join(str(int(v)) for v in X[i]) for i in range(5)) + "\n")
     page.set_input_files("#batch-file", str(batch))
+    page.click("#batch-submit")  # predicted in the background by the Celery worker; the page follows it
+    page.wait_for_selector("#batch-download", timeout=60_000)
     with page.expect_download() as predictions:
-        page.click("#batch-submit")
+        page.click("#batch-download")
     table = predictions.value.path().read_text().splitlines()
     assert table[0].startswith("row,prediction,p(0),p(1)") and len(table) == 6
 

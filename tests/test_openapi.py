@@ -52,6 +52,7 @@ def test_every_body_is_declared_as_json_or_as_a_multipart_form(schema):
                  if "multipart/form-data" in operation.get("requestBody", {}).get("content", {})}
 
     assert multipart == {"/api/datasets", "/api/worker/units/{unit_id}/result", "/api/jobs/{job_id}/predict",
+                         "/api/jobs/{job_id}/predictions",
                          "/api/worker/units/{unit_id}/checkpoints/{boundary}", "/api/worker/checks/{check_id}/result"}
     for path, method, operation in operations(schema):
         if path == "/api/jobs/{job_id}/predict":  # rows as JSON, or a file (CSV, images, .npz) as a form

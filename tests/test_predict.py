@@ -6,16 +6,19 @@ from __future__ import annotations
 import csv
 import io
 import zipfile
+from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
+from django.utils import timezone
 from muninn_worker import datasets, load_model
 from muninn_worker.samples import generated_text, synthetic_images
 from PIL import Image
 
 from accounts import services as accounts
-from jobs.models import Job
+from jobs import storage, tasks
+from jobs.models import Job, PredictionBatch
 
 from .test_spine import run_until_done
 from .test_templates_flow import create_job, download, shapes_zip, upload
@@ -191,3 +194,37 @@ def test_a_text_jobs_site_generation_and_package_agree(customer_api, make_device
     assert unknown.status_code == 400 and "character 1 of the prompt" in unknown.json()["error"]["message"]
     too_long = customer_api.post(f"/api/jobs/{done.pk}/predict", {"prompt": "the ", "length": 10**6}, format="json")
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "bad_length"
+
+
+def test_a_file_is_predicted_in_the_background_with_its_progress_and_errors_kept(csv_job, customer_api):
+    training = people_csv()
+    accepted = customer_api.post(f"/api/jobs/{csv_job.pk}/predictions",
+                                 {"file": io.BytesIO(training)}, format="multipart")
+
+    assert accepted.status_code == 202, accepted.content
+    batch = customer_api.get(f"/api/jobs/{csv_job.pk}/predictions/{accepted.json()['id']}").json()
+    assert batch["status"] == "done" and batch["rows"] == batch["done_rows"] == 160  # tests run tasks eagerly
+    table = customer_api.get(batch["csv_url"])
+    assert table.status_code == 200 and table["Content-Type"].startswith("text/csv")
+    sync = _predict(customer_api, csv_job, {"file": io.BytesIO(training)}, fmt="csv")
+    assert table.content == sync.content  # the same predictions as the request's own answer
+    bad = customer_api.post(f"/api/jobs/{csv_job.pk}/predictions",
+                            {"file": io.BytesIO(b"age,colour,height\n40,purple,1.7\n")}, format="multipart").json()
+    failed = customer_api.get(f"/api/jobs/{csv_job.pk}/predictions/{bad['id']}").json()
+    assert failed["status"] == "failed" and failed["csv_url"] is None
+    assert failed["error"]["code"] == "bad_category" and "row 2, column 'colour'" in failed["error"]["message"]
+    assert customer_api.get(f"/api/jobs/{csv_job.pk}/predictions/{bad['id']}/csv").status_code == 409
+    stranger = accounts.user_create(username="mallory", email="m@example.com", password="mallory-pass-123",
+                                    role="customer")
+    from rest_framework.test import APIClient
+    other = APIClient()
+    other.force_authenticate(stranger)
+    assert other.get(f"/api/jobs/{csv_job.pk}/predictions/{accepted.json()['id']}").status_code == 404
+    assert other.get(batch["csv_url"]).status_code == 404
+    # A batch whose message was lost (queued minutes ago, never run) is predicted by beat's stalled-work sweep.
+    lost = PredictionBatch.objects.create(job=csv_job, filename="lost.csv", input_sha256=storage.blob_put(training),
+                                          size_bytes=len(training))
+    PredictionBatch.objects.filter(pk=lost.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    tasks.resume_stalled_jobs()
+    lost.refresh_from_db()
+    assert lost.status == "done" and lost.rows == 160

@@ -10,6 +10,7 @@ One file per concept, and everything importable from here (`from jobs import ser
 - leases.py: claims, heartbeats, expired leases
 - units.py: a unit's result accepted, verified, refused or rejected; how a unit trains
 - waiting.py: no job waits forever for a capable device
+- predictions.py: files predicted by a job's model off the request thread
 """
 from .datasets import dataset_create, load_xy
 from .jobs import (
@@ -26,6 +27,7 @@ from .units import (
     unit_backoff_seconds, unit_release, unit_reject, units_flag, units_unflag,
 )
 from .waiting import jobs_check_waiting
+from .predictions import prediction_batch_create, prediction_batch_run, prediction_batches_stalled
 
 __all__ = [
     "dataset_create",
@@ -65,4 +67,7 @@ __all__ = [
     "unit_release",
     "unit_reject",
     "jobs_check_waiting",
+    "prediction_batch_create",
+    "prediction_batch_run",
+    "prediction_batches_stalled",
 ]

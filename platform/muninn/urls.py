@@ -36,6 +36,11 @@ api = [
     path("jobs/<id:job_id>/cancel", jobs_api.JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<id:job_id>/model", jobs_api.JobModelView.as_view(), name="job-model"),
     path("jobs/<id:job_id>/predict", jobs_api.JobPredictView.as_view(), name="job-predict"),
+    path("jobs/<id:job_id>/predictions", jobs_api.JobPredictionListView.as_view(), name="job-predictions"),
+    path("jobs/<id:job_id>/predictions/<id:batch_id>", jobs_api.JobPredictionDetailView.as_view(),
+         name="job-prediction"),
+    path("jobs/<id:job_id>/predictions/<id:batch_id>/csv", jobs_api.JobPredictionCsvView.as_view(),
+         name="job-prediction-csv"),
     # The certificate states receipts (contributors/) and money (billing/), which sit above jobs/.
     path("jobs/<id:job_id>/certificate",
          jobs_api.JobCertificateView.as_view(evidence=contributors_selectors.job_units_evidence,

@@ -1,5 +1,6 @@
 // The job page's "Try the model" panel: sends the rows, image or prompt to POST /api/jobs/<id>/predict and shows
-// the answer; the batch form downloads a CSV of predictions (without JavaScript it posts as a plain form).
+// the answer; a whole file is predicted in the background and its CSV offered when done (without JavaScript the form posts
+// to the bounded in-request endpoint, ?format=csv).
 (function () {
   "use strict";
   const panel = document.getElementById("try-model");
@@ -34,7 +35,7 @@
       (result.task === "regression" ? "" : "Most likely") + "</th></tr></thead><tbody>" + rows + "</tbody></table>";
   }
 
-  async function send(body, asCsv) {
+  async function send(body) {
     const init = {method: "POST", credentials: "same-origin", headers: {"X-CSRFToken": M.csrfToken()}};
     if (body instanceof FormData) {
       init.body = body;
@@ -42,7 +43,7 @@
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body);
     }
-    return fetch(url + (asCsv ? "?format=csv" : ""), init);
+    return fetch(url, init);
   }
 
   const form = document.getElementById("try-form");
@@ -72,24 +73,36 @@
     });
   }
 
+  // A whole file is predicted in the background (POST .../predictions): its progress shows until the CSV is ready.
   const batch = document.getElementById("batch-form");
   if (batch) {
     batch.addEventListener("submit", async function (event) {
       event.preventDefault();
       const body = new FormData(batch);
-      answer.innerHTML = '<p class="muted">Predicting the file…</p>';
+      answer.innerHTML = '<p class="muted" id="batch-progress">Sending the file…</p>';
       try {
-        const response = await send(body, true);
-        if (!response.ok) throw M.apiError(response.status, await response.text());
+        const response = await fetch(panel.dataset.batchUrl, {method: "POST", credentials: "same-origin",
+                                                              headers: {"X-CSRFToken": M.csrfToken()}, body: body});
+        const text = await response.text();
+        if (!response.ok) throw M.apiError(response.status, text);
+        let state = JSON.parse(text);
+        const statusUrl = panel.dataset.batchUrl + "/" + state.id;
+        while (state.status === "queued" || state.status === "running") {
+          document.getElementById("batch-progress").textContent = state.rows
+            ? "Predicting… " + state.done_rows.toLocaleString() + " of " + state.rows.toLocaleString() + " rows"
+            : "Waiting for the model…";
+          await new Promise((resolve) => setTimeout(resolve, 1000));
+          state = await M.getJson(statusUrl);
+        }
+        if (state.status === "failed") throw state.error;
         const link = document.createElement("a");
-        link.href = URL.createObjectURL(await response.blob());
-        link.download = (response.headers.get("Content-Disposition") || "").match(/filename="([^"]+)"/)?.[1] ||
-          "predictions.csv";
+        link.href = state.csv_url;
         link.id = "batch-download";
-        link.textContent = "Download " + link.download;
+        link.className = "button";
+        link.setAttribute("download", "");
+        link.textContent = "Download the predictions of " + state.rows.toLocaleString() + " rows (.csv)";
         answer.innerHTML = "";
         answer.appendChild(link);
-        link.click();
       } catch (error) {
         answer.innerHTML = M.errorHtml(error.message ? error : {message: String(error)}, "try-error");
       }
