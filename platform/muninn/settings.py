@@ -142,9 +142,21 @@ WHITENOISE_USE_FINDERS = True
 STATICFILES_DIRS = [p for p in [BASE_DIR / "static"] if p.exists()]
 MEDIA_ROOT = Path(env.str("MEDIA_ROOT", default=str(VAR_DIR / "media")))
 MEDIA_URL = "media/"
+# Blobs (datasets, shards, weights, results, models: jobs/storage.py) are local files under MEDIA_ROOT unless
+# AWS_STORAGE_BUCKET_NAME names an S3-compatible bucket (AWS S3, MinIO, Cloudflare R2, ...), reached through
+# django-storages and boto3 with django-storages' own setting names. The keys are boto3's: AWS_ACCESS_KEY_ID and
+# AWS_SECRET_ACCESS_KEY from the environment (or an instance role); they are never copied into settings.
+AWS_STORAGE_BUCKET_NAME = env.str("AWS_STORAGE_BUCKET_NAME", default="")
+AWS_S3_ENDPOINT_URL = env.str("AWS_S3_ENDPOINT_URL", default="") or None  # unset for AWS itself
+AWS_S3_REGION_NAME = env.str("AWS_S3_REGION_NAME", default="") or None
+AWS_S3_ADDRESSING_STYLE = env.str("AWS_S3_ADDRESSING_STYLE", default="") or None  # "path" for most MinIO setups
+AWS_LOCATION = env.str("AWS_LOCATION", default="")  # a prefix inside the bucket, to share it with other data
+AWS_S3_FILE_OVERWRITE = True  # a blob's name is the hash of its bytes: the same name is the same object
+AWS_DEFAULT_ACL = None  # the bucket's own policy (private): blobs are only ever served through the site
 STORAGES = {
-    # Any Django storage backend (e.g. storages.backends.s3.S3Storage) by dotted path.
-    "default": {"BACKEND": env.str("STORAGE_BACKEND", default="django.core.files.storage.FileSystemStorage")},
+    # Else any Django storage backend by dotted path (STORAGE_BACKEND), by default local files under MEDIA_ROOT.
+    "default": {"BACKEND": "storages.backends.s3.S3Storage" if AWS_STORAGE_BUCKET_NAME else env.str(
+        "STORAGE_BACKEND", default="django.core.files.storage.FileSystemStorage")},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
