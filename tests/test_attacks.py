@@ -94,7 +94,11 @@ def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, ma
         assert codes & EXPECTED[strategy], (strategy, codes, f"{device.leases.count()} leases, {planned} units "
                                             f"planned for it", stack.log(f"cheat-{strategy}")[-2000:])
     honest_devices = Device.objects.filter(name__startswith="honest-")
-    assert not Receipt.objects.filter(device__in=honest_devices, status=Receipt.Status.REJECTED).exists()
+    # A late copy of a shard another device finished first is kept as "superseded", not held against its device
+    # (a loaded machine makes stragglers); every other rejection of honest work is a false one.
+    wrongly = Receipt.objects.filter(device__in=honest_devices, status=Receipt.Status.REJECTED).exclude(
+        reason__startswith="superseded:")
+    assert not wrongly.exists(), [(r.device.name, r.unit_id, r.reason, r.verification) for r in wrongly]
     assert all(d.failures == 0 for d in honest_devices)  # false rejections: 0
 
     done = Job.objects.get(pk=job["id"])
