@@ -32,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 
+from round_latency import _ok, _run_job  # noqa: E402  (bench/ is this script's folder; the job and answers as there)
+
 
 def main() -> int:
     options = _parse_args()
@@ -68,8 +70,6 @@ def main() -> int:
 def measure(url: str, token: str, options: argparse.Namespace) -> dict:
     from muninn_worker import load_model
     from sklearn.datasets import load_digits
-
-    from round_latency import _run_job  # noqa: PLC0415  (bench/ is this script's folder)
 
     api = _session(token)
     job = {"id": _run_job(url, token, rounds=1)}  # the digits MLP, one epoch, through the live stack
@@ -138,12 +138,6 @@ def _print_table(f: dict, options: argparse.Namespace) -> None:
     print(f"{'site, one-row requests':<34}{'':>12}{f['p50_ms']:>10}{f['p99_ms']:>10}")
     print(f"{'loader (load_model().predict)':<34}{f['loader_rows_per_s']:>12,}{'':>10}{'':>10}")
     print(f"site and loader agree exactly: {f['site_equals_loader']}")
-
-
-def _ok(response) -> dict:
-    if not response.ok:
-        raise SystemExit(f"{response.request.method} {response.url} -> {response.status_code}: {response.text}")
-    return response.json()
 
 
 def _parse_args() -> argparse.Namespace:

@@ -162,9 +162,12 @@ def job_model_file(job: Job, *, artefact: str = "model") -> ModelFile:
     in_doubt = job_flagged_rounds(job)
     if in_doubt:  # rounds whose aggregate holds an update of a device caught cheating on other work
         metadata["muninn_flagged_rounds"] = json.dumps(in_doubt)
-    suffix = "-merged" if artefact == "merged" else ""
-    return ModelFile(tensors.state_dict_to_bytes(state, metadata=metadata),
-                     f"muninn-job-{job.pk}-{job.template}{suffix}.safetensors")
+    return ModelFile(tensors.state_dict_to_bytes(state, metadata=metadata), model_filename(job, artefact=artefact))
+
+
+def model_filename(job: Job, *, artefact: str = "model") -> str:
+    """The name the model download is saved under (the job page shows it in the loader's example too)."""
+    return f"muninn-job-{job.pk}-{job.template}{'-merged' if artefact == 'merged' else ''}.safetensors"
 
 
 def job_flagged_rounds(job: Job) -> list[int]:

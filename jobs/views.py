@@ -77,7 +77,7 @@ def job_detail(request, job_id: int, panels: Sequence[Panel] = ()):
                                              "model_input": selectors.model_input_note(job),
                                              "flagged": selectors.job_flagged_updates(job),
                                              "try_model": predictions.try_panel(job),
-                                             "model_filename": f"muninn-job-{job.pk}-{job.template}.safetensors"})
+                                             "model_filename": selectors.model_filename(job)})
 
 
 @role_required("customer")
