@@ -49,7 +49,11 @@ def test_job_trains_to_a_better_model_and_credits_contributors(customer_api, dig
     assert done.status == Job.Status.SUCCEEDED
     rounds = list(done.round_set.order_by("number"))
     assert [r.number for r in rounds] == [1, 2, 3, 4]
-    assert all(r.metrics["units"] == 2 for r in rounds)  # two devices online → two shards each round
+    # two devices online → two shards in round 1 (neither measured yet: both count at the same speed); later
+    # shards are sized by the speeds measured on real units, so a device the clock found far slower (a loaded
+    # machine) may get none, and every round still trains on the whole training set
+    assert rounds[0].metrics["units"] == 2 and all(r.metrics["units"] in (1, 2) for r in rounds)
+    assert all(r.metrics["samples"] == done.n_train for r in rounds)
     assert rounds[-1].metrics["test_accuracy"] > rounds[0].metrics["test_accuracy"]
     assert rounds[-1].metrics["test_accuracy"] >= 0.85
     assert_ledger_consistent(done)

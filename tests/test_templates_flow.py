@@ -78,11 +78,16 @@ def test_digits_images_train_a_cnn_on_two_devices(customer_api, make_device):
     np.savez(buffer, X=digits.images.astype(np.float32), y=digits.target)
     dataset = upload(customer_api, buffer.getvalue(), "digits.npz")
 
+    devices = [make_device("a"), make_device("b")]
+    assert all(device.claim() is None for device in devices)  # both online before the job: each gets a shard
     job = create_job(customer_api, dataset["id"], "cnn", 2, hparams={"epochs": 3})
-    done = run_until_done([make_device("a"), make_device("b")], job["id"])
+    done = run_until_done(devices, job["id"])
 
     assert done.model_config == {"channels": 1, "height": 8, "width": 8, "num_classes": 10, "filters": [16, 32]}
-    assert done.round_set.get(number=2).metrics["units"] == 2
+    # round 2's shards follow the speeds measured in round 1: both devices, unless the clock found one far slower
+    # (a loaded machine)
+    units = [r.metrics["units"] for r in done.round_set.order_by("number")]
+    assert units[0] == 2 and units[1] in (1, 2)
     assert done.metrics["test_accuracy"] >= 0.9
 
 
@@ -128,7 +133,7 @@ def test_text_lm_then_lora_on_its_uploaded_weights_only_moves_adapters(customer_
     rounds = list(done.round_set.order_by("number"))
     assert done.status == Job.Status.SUCCEEDED
     assert rounds[-1].metrics["test_perplexity"] < rounds[0].metrics["test_perplexity"]  # the adapters learn
-    assert all(r.metrics["units"] == 2 for r in rounds)
+    assert rounds[0].metrics["units"] == 2 and all(r.metrics["units"] in (1, 2) for r in rounds)  # measured speeds
     adapters = tensors.bytes_to_state_dict(download(customer_api, done.pk))
     merged = tensors.bytes_to_state_dict(download(customer_api, done.pk, "merged"))
     base_state = tensors.bytes_to_state_dict(download(customer_api, lm_done.pk))
