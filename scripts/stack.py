@@ -25,6 +25,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class SecondHost:
+    """Another machine on a network: a Linux network namespace with its own address (10.213.N.2), joined to this
+    one (10.213.N.1) by a veth pair and reaching nothing else. Needs root (CAP_NET_ADMIN); `make()` answers None
+    where the machine does not allow it."""
+
+    def __init__(self, name: str, address: str, peer: str) -> None:
+        self.name, self.address, self.peer = name, address, peer  # peer: this machine's address, as the host sees it
+
+    @classmethod
+    def make(cls) -> SecondHost | None:
+        n = 1 + os.getpid() % 250
+        name, outside, inside = f"muninn-host-{os.getpid()}", f"mnh{os.getpid()}", f"mnc{os.getpid()}"
+        steps = [["ip", "netns", "add", name],
+                 ["ip", "link", "add", outside, "type", "veth", "peer", "name", inside],
+                 ["ip", "link", "set", inside, "netns", name],
+                 ["ip", "addr", "add", f"10.213.{n}.1/30", "dev", outside],
+                 ["ip", "link", "set", outside, "up"],
+                 ["ip", "netns", "exec", name, "ip", "addr", "add", f"10.213.{n}.2/30", "dev", inside],
+                 ["ip", "netns", "exec", name, "ip", "link", "set", inside, "up"],
+                 ["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"]]
+        host = cls(name, f"10.213.{n}.2", f"10.213.{n}.1")
+        for step in steps:
+            try:
+                done = subprocess.run(step, capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                done = None
+            if done is None or done.returncode != 0:
+                host.remove()
+                return None
+        return host
+
+    def command(self, argv: list[str]) -> list[str]:
+        """argv run on that host."""
+        return ["ip", "netns", "exec", self.name, *argv]
+
+    def remove(self) -> None:  # the veth pair goes with the namespace
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", f"mnh{self.name.rsplit('-', 1)[1]}"], capture_output=True, timeout=30)
+
+
 def base_env(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
     # This checkout's worker client first, whatever an editable install elsewhere points at (as scripts/run.sh).
@@ -57,11 +97,11 @@ class Stack:
         return out.stdout
 
     def web(self, port: int, name: str = "web", env: dict[str, str] | None = None, *, workers: int = 2,
-            threads: int = 16) -> str:
+            threads: int = 16, host: str = "127.0.0.1") -> str:
         # Threads beyond the MUNINN_CLAIM_WAITERS (8) long-poll claims a process may hold, for everything else.
-        self.spawn(name, [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"127.0.0.1:{port}",
+        self.spawn(name, [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"{host}:{port}",
                           "--workers", str(workers), "--threads", str(threads), "--timeout", "120"], env)
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{host}:{port}"
         wait_http(f"{url}/healthz")
         return url
 

@@ -1,6 +1,10 @@
 """A contributor's machine with nothing but Python: a fresh virtualenv in a fresh folder, the contributor page's
 install commands run literally (torch first, then the client's wheel from the site itself), the page's register
-command, and the installed client trains a unit of a real job over HTTP (gunicorn, a Celery worker)."""
+command, and the installed client trains a unit of a real job over HTTP (gunicorn, a Celery worker).
+
+Where the machine allows it (root: a network namespace), that machine is a second network host with its own
+address (scripts/stack.py SecondHost): the site listens only on this host's side of the link, so every byte of
+the install and the training crosses the network; elsewhere it is this host over loopback."""
 from __future__ import annotations
 
 import html
@@ -16,7 +20,7 @@ import requests
 from django.utils import timezone
 
 from contributors.models import Receipt
-from scripts.stack import free_port
+from scripts.stack import SecondHost, free_port
 
 from .conftest import digits_npz
 from .test_e2e import customer_session, market, stack, wait_until_ended  # noqa: F401
@@ -37,10 +41,20 @@ def page_commands(url: str, username: str, password: str) -> dict[str, str]:
             for name in ("install", "register", "run")}
 
 
+@pytest.fixture
+def second_host():
+    host = SecondHost.make()
+    if host is None:
+        print("no network namespace here (needs root): the contributor's machine is this one, over loopback")
+    yield host
+    if host is not None:
+        host.remove()
+
+
 def test_the_contributor_pages_commands_install_and_run_the_client_in_a_fresh_virtualenv(
-        stack, market, tmp_path):  # noqa: F811
+        stack, market, second_host, tmp_path):  # noqa: F811
     customer, contributor = market
-    url = stack.web(free_port())
+    url = stack.web(free_port(), host=second_host.peer if second_host else "127.0.0.1")
     stack.celery_worker()
     commands = page_commands(url, "dave", "dave-pass-123")
     machine = tmp_path / "machine"  # the contributor's home: nothing of this repository in reach
@@ -56,8 +70,13 @@ def test_the_contributor_pages_commands_install_and_run_the_client_in_a_fresh_vi
                # no internet here: pip's retries of the unreachable PyTorch index are cut short (torch itself comes
                # from this machine's local wheels, as pip is configured to look there too)
                PIP_RETRIES="0", PIP_DEFAULT_TIMEOUT="5")
+    on_machine = second_host.command if second_host else (lambda argv: argv)
     shell = lambda command, timeout=600: subprocess.run(  # noqa: E731
-        ["bash", "-c", command], cwd=machine, env=env, capture_output=True, text=True, timeout=timeout)
+        on_machine(["bash", "-c", command]), cwd=machine, env=env, capture_output=True, text=True, timeout=timeout)
+    if second_host:  # the commands name the site by the address the contributor reached it at, not loopback
+        assert url in commands["register"] and url in commands["install"], commands
+        port = url.rsplit(":", 1)[1]  # and nothing of the site is on that machine's own loopback
+        assert shell(f"curl -sf --max-time 3 http://127.0.0.1:{port}/healthz").returncode != 0
 
     for line in commands["install"].splitlines():  # literally, line by line
         done = shell(line)
