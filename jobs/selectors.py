@@ -13,7 +13,7 @@ from muninn_worker import onnx_export, package, tensors, zoo
 
 from muninn.errors import Conflict, InvalidInput, NotFound
 
-from . import storage
+from . import sealing, storage
 from .models import Dataset, Job, PredictionBatch, Round, WorkUnit
 
 
@@ -24,15 +24,28 @@ FIXED_ROUNDS_KEPT = 4096
 def round_fixed(round_id: int) -> Round:
     """The round with its job, read once per process for the worker API's hot path (every claim and result of the
     round needs them). Only what is fixed once the round is open may be read from it: its number, weights and
-    opening time, and the job's owner, template, configuration and hyper-parameters. Its status, deadlines and
+    opening time, the job's owner, template, configuration and hyper-parameters, and its dataset (whose data and
+    sensitivity never change after upload). Its status, deadlines and
     results, and the job's status and progress, are stale at once: read those fresh (unit_accept locks the round)."""
     rnd = _FIXED.get(round_id)
     if rnd is None:
-        rnd = Round.objects.select_related("job").get(pk=round_id)
+        rnd = Round.objects.select_related("job__dataset").get(pk=round_id)
         if len(_FIXED) >= FIXED_ROUNDS_KEPT:
             _FIXED.clear()
         _FIXED[round_id] = rnd
     return rnd
+
+
+def dataset_key(dataset: Dataset) -> bytes | None:
+    """The key a sensitive dataset's blobs are sealed with (jobs/sealing.py), unwrapped; None for any other."""
+    if not dataset.sensitive:
+        return None
+    return sealing.unwrap_key(dataset.wrapped_key, site_key=sealing.site_data_key(), label=dataset.sha256)
+
+
+def job_data_key(job: Job) -> bytes | None:
+    """The key of the job's training data (its split, test set and shards are sealed with its dataset's key)."""
+    return dataset_key(job.dataset)
 
 
 def datasets_for(*, owner) -> QuerySet[Dataset]:
