@@ -243,7 +243,8 @@ class UnitWeightsView(DeviceView):
 
 
 class UnitShardView(DeviceView):
-    @extend_schema(summary="A unit's shard", responses={**binary("safetensors: X and y"), **UNIT_ERRORS, **SHARD_ERRORS})
+    @extend_schema(summary="A unit's shard",
+                   responses={**binary("safetensors: X and y"), **UNIT_ERRORS, **SHARD_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
         shard = exposure.shard_download(device=request.auth, unit=unit)

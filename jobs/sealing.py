@@ -45,8 +45,9 @@ def site_data_key() -> bytes:
         except (binascii.Error, ValueError):
             raw = b""
         if len(raw) != KEY_BYTES:
-            raise ImproperlyConfigured("MUNINN_DATA_KEY must be base64 of 32 random bytes "
-                                       "(python -c 'import os,base64; print(base64.b64encode(os.urandom(32)).decode())')")
+            raise ImproperlyConfigured(
+                "MUNINN_DATA_KEY must be base64 of 32 random bytes "
+                "(python -c 'import os,base64; print(base64.b64encode(os.urandom(32)).decode())')")
         return raw
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=b"muninn",
                 info=b"muninn dataset key wrapping v1").derive(settings.SECRET_KEY.encode())
