@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from . import services
-from .models import Device, DeviceEvent, Lease, Receipt
+from .models import Device, DeviceEvent, ExposurePolicy, Lease, Receipt, ShardDownload
 
 
 class DeviceEventInline(admin.TabularInline):
@@ -58,6 +58,34 @@ class ReceiptAdmin(admin.ModelAdmin):
 
 
 admin.site.register(Lease)
+
+
+@admin.register(ExposurePolicy)
+class ExposurePolicyAdmin(admin.ModelAdmin):
+    """The trust level for sensitive data (contributors.exposure): one row, which staff edit and never delete."""
+
+    fields = ("min_verified_units", "min_device_age_days", "require_approved_owner", "approved_owners", "updated_at")
+    readonly_fields = ("updated_at",)
+    filter_horizontal = ("approved_owners",)
+
+    def has_add_permission(self, request) -> bool:
+        return not ExposurePolicy.objects.exists()
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ShardDownload)
+class ShardDownloadAdmin(admin.ModelAdmin):
+    list_display = ("at", "job", "device", "owner", "unit", "peer_check", "shard_start", "shard_stop")
+    list_filter = ("at",)
+    readonly_fields = [f.name for f in ShardDownload._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # the customer's record of who had their rows: append-only
 
 
 # --- Payout review ---------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from muninn.serializers import StrictSerializer
 
 from muninn_worker.segments import MAX_SEGMENTS
 
-from . import challenges, peers, push, results, schema, selectors, services
+from . import challenges, exposure, peers, push, results, schema, selectors, services
 from .checks import load_public_key
 from .authentication import DeviceTokenAuthentication, HasDevice
 
@@ -85,6 +85,8 @@ class DeviceRegisterView(APIView):
 
 UNIT_ERRORS = errors(409, codes={409: "`lease_lost`, `already_done`, `unit_cancelled`"})
 CHECK_ERRORS = errors(409, codes={409: "`lease_lost`"})
+# A sensitive dataset's shard goes only to a device trusted with such data now (contributors.exposure).
+SHARD_ERRORS = errors(403, codes={403: "`not_trusted`"})
 
 
 class DeviceView(APIView):
@@ -187,11 +189,12 @@ class CheckStartView(DeviceView):
 
 
 class CheckShardView(DeviceView):
-    @extend_schema(summary="A peer check's shard", responses={**binary("safetensors: X and y"), **CHECK_ERRORS})
+    @extend_schema(summary="A peer check's shard",
+                   responses={**binary("safetensors: X and y"), **CHECK_ERRORS, **SHARD_ERRORS})
     def get(self, request, check_id: int):
         check = peers.leased_check(device=request.auth, check_id=check_id)
-        return FileResponse(storage.blob_open(check.receipt.unit.shard_sha256),
-                            content_type="application/octet-stream")
+        shard = exposure.shard_download(device=request.auth, unit=check.receipt.unit, peer_check=check)
+        return FileResponse(shard, content_type="application/octet-stream")
 
 
 class CheckBaseView(DeviceView):
@@ -240,10 +243,12 @@ class UnitWeightsView(DeviceView):
 
 
 class UnitShardView(DeviceView):
-    @extend_schema(summary="A unit's shard", responses={**binary("safetensors: X and y"), **UNIT_ERRORS})
+    @extend_schema(summary="A unit's shard",
+                   responses={**binary("safetensors: X and y"), **UNIT_ERRORS, **SHARD_ERRORS})
     def get(self, request, unit_id: int):
         unit, _ = services.leased_unit(device=request.auth, unit_id=unit_id)
-        return FileResponse(storage.blob_open(unit.shard_sha256), content_type="application/octet-stream")
+        shard = exposure.shard_download(device=request.auth, unit=unit)
+        return FileResponse(shard, content_type="application/octet-stream")
 
 
 class UnitBaseView(DeviceView):
@@ -385,6 +390,18 @@ class JobDevicesView(APIView):
     def get(self, request, job_id: int):
         job = job_selectors.job_get(owner=request.user, job_id=job_id)
         return Response({"job": job.pk, "devices": selectors.job_devices(job=job)})
+
+
+class JobShardDownloadsView(APIView):
+    """For the job's customer: every shard of a sensitive dataset a device downloaded for the job, newest first."""
+
+    permission_classes = [IsCustomer]
+
+    @extend_schema(summary="The shard downloads of a sensitive job (who, when, which rows)",
+                   responses=schema.JobShardDownloadsSerializer)
+    def get(self, request, job_id: int):
+        job = job_selectors.job_get(owner=request.user, job_id=job_id)
+        return Response(selectors.job_shard_downloads(job=job))
 
 
 class DeviceStatusView(DeviceView):

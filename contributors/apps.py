@@ -5,4 +5,4 @@ class ContributorsConfig(AppConfig):
     name = "contributors"
 
     def ready(self) -> None:
-        from . import receivers, tasks  # noqa: F401  (connect to jobs' and contributors' signals)
+        from . import exposure, receivers, tasks  # noqa: F401  (connect to jobs' and contributors' signals)

@@ -158,3 +158,51 @@ class PeerCheck(models.Model):
 
     def __str__(self) -> str:
         return f"peer check {self.pk} of receipt {self.receipt_id} segment {self.segment} ({self.status})"
+
+
+class ExposurePolicy(models.Model):
+    """Who may see a sensitive dataset's rows (Dataset.sensitive): the trust level staff set, one row for the site
+    (contributors.exposure.policy_current makes it with these defaults; staff edit it in the admin). A device is
+    trusted when it has at least `min_verified_units` verified results, was registered `min_device_age_days` ago,
+    is in good standing (not quarantined, no failure on record, not a flagged owner's new device) and, when
+    `require_approved_owner`, its owner is one of `approved_owners`."""
+
+    min_verified_units = models.PositiveIntegerField(
+        default=20, help_text="Verified results a device must have (its verified record) before it sees sensitive data")
+    min_device_age_days = models.PositiveIntegerField(
+        default=7, help_text="Days since the device was registered")
+    require_approved_owner = models.BooleanField(
+        default=False, help_text="Only devices of the owners listed below (approved by staff) see sensitive data")
+    approved_owners = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="+",
+                                             limit_choices_to={"role": "contributor"},
+                                             help_text="Contributors staff approved for sensitive data")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = verbose_name_plural = "sensitive-data trust policy"
+
+    def __str__(self) -> str:
+        return "The sensitive-data trust policy"
+
+
+class ShardDownload(models.Model):
+    """A shard of a sensitive dataset that a device downloaded: who (the device and its owner), when, for which
+    job and unit (or peer check), and which rows of the job's training split (shard_start up to shard_stop). Kept
+    for the customer (the job page, GET /api/jobs/<id>/shard-downloads); append-only."""
+
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="shard_downloads")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="shard_downloads")
+    unit = models.ForeignKey("jobs.WorkUnit", on_delete=models.CASCADE, related_name="shard_downloads")
+    peer_check = models.ForeignKey(PeerCheck, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    shard_start = models.PositiveIntegerField()
+    shard_stop = models.PositiveIntegerField()
+    shard_sha256 = models.CharField(max_length=64)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["job", "-at"], name="shard_download_job_at")]
+
+    def __str__(self) -> str:
+        return f"device {self.device_id} downloaded rows {self.shard_start}-{self.shard_stop} of job {self.job_id}"

@@ -22,7 +22,7 @@ from jobs import storage
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, NotFound
 
-from . import checks, credit, reputation, selectors, tolerances
+from . import checks, credit, exposure, reputation, selectors, tolerances
 from .models import Device, PeerCheck, Receipt
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,9 @@ def _queued() -> None:
 def peer_check_lease(*, device: Device, backends=None) -> PeerCheck | None:
     """A queued peer check this device may run: its backend is among the device's, the device has a good record
     (TRUST_AFTER verified units in a row, and not a flagged owner's new device), and it is not the checked device, nor its owner's, nor a device that
-    already ran this segment."""
+    already ran this segment. A check of a sensitive dataset's unit only for a device the site trusts with such data
+    (contributors.exposure): the peer downloads the same shard; one no trusted peer takes goes to the site's own
+    validator when it expires (peer_checks_sweep)."""
     if device.quarantined_at is not None or device.verified_streak < reputation.TRUST_AFTER:
         return None
     if not _maybe_queued():
@@ -85,6 +87,8 @@ def peer_check_lease(*, device: Device, backends=None) -> PeerCheck | None:
         candidates = (PeerCheck.objects.filter(status=PeerCheck.Status.QUEUED, backend__in=backends,
                                                receipt__status=Receipt.Status.PENDING)
                       .exclude(receipt__device__owner_id=device.owner_id).order_by("id"))
+        if not exposure.device_is_trusted(device, now=now):
+            candidates = candidates.filter(receipt__unit__round__job__dataset__sensitive=False)
         if connection.features.has_select_for_update_skip_locked:
             candidates = candidates.select_for_update(skip_locked=True, of=("self",))
         for check in candidates[:8]:

@@ -145,6 +145,25 @@ class JobDevicesSerializer(serializers.Serializer):
     devices = JobDeviceSerializer(many=True)
 
 
+class ShardDownloadSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="When the device downloaded it")
+    device = serializers.IntegerField(help_text="The device's id")
+    owner = serializers.CharField(help_text="The username of the device's owner")
+    round = serializers.IntegerField()
+    unit = serializers.IntegerField()
+    check = serializers.IntegerField(allow_null=True, help_text="The peer check it was downloaded for, if any")
+    shard_start = serializers.IntegerField(help_text="The first row of the job's training split in the shard")
+    shard_stop = serializers.IntegerField(help_text="One past its last row")
+
+
+class JobShardDownloadsSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    sensitive = serializers.BooleanField(help_text="Whether the job's dataset is sensitive (only those are logged)")
+    trust_rule = serializers.CharField(help_text="Which devices may take its shards, in words")
+    count = serializers.IntegerField(help_text="How many downloads there were in all")
+    downloads = ShardDownloadSerializer(many=True, help_text="The newest first, at most 1,000")
+
+
 # --- The multipart forms a device uploads ------------------------------------------------------------------
 
 class ResultUploadSerializer(serializers.Serializer):

@@ -13,7 +13,8 @@ from billing import selectors as ledger
 from billing.models import Account
 from jobs.models import WorkUnit
 
-from .models import Device, DeviceEvent, Lease, PeerCheck, Receipt
+from . import exposure
+from .models import Device, DeviceEvent, Lease, PeerCheck, Receipt, ShardDownload
 
 
 def devices_online() -> QuerySet[Device]:
@@ -68,17 +69,24 @@ def can_run(device: Device, *, min_memory_bytes: int, backends) -> bool:
     return any(resources.get(b, -1) >= min_memory_bytes for b in backends)
 
 
-def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",)) -> list[tuple[int, float]]:
+def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",),
+                             trusted_only: bool = False) -> list[tuple[int, float]]:
     """(device id, FLOP/s) of the online devices that can run a job needing this much memory on one of these
     backends. A probe's benchmark is only a guess, and a self-reported one (a busy machine measures itself ten
     times slower; a hoarder reports 1e18 to be sized the biggest shards), so a device with no verified unit yet
     counts at the median speed of those measured on real units, or, when none is, at the median of the probes:
     never at its own word. A device that let a lease expire within MUNINN_ABANDON_COOLDOWN_SECONDS is left out
-    (no shard is reserved for it; it claims what nobody holds)."""
-    since = timezone.now() - timedelta(seconds=settings.MUNINN_ABANDON_COOLDOWN_SECONDS)
+    (no shard is reserved for it; it claims what nobody holds). `trusted_only`: the devices a sensitive dataset's
+    shards may go to (contributors.exposure), for its rounds' plans."""
+    now = timezone.now()
+    since = now - timedelta(seconds=settings.MUNINN_ABANDON_COOLDOWN_SECONDS)
     abandoned = set(DeviceEvent.objects.filter(kind=DeviceEvent.Kind.ABANDONED, at__gte=since)
                     .values_list("device_id", flat=True))
-    rows = [d for d in devices_available().order_by("id")
+    available = devices_available().order_by("id")
+    if trusted_only:
+        policy = exposure.policy_current()
+        available = [d for d in exposure.devices_annotated(available) if exposure.device_trusted(d, policy, now)]
+    rows = [d for d in available
             if d.pk not in abandoned and can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
     measured = sorted(d.flops_per_s for d in rows if d.verified_total > 0 and d.flops_per_s > 0)
     probes = sorted(d.flops_per_s for d in rows if d.verified_total == 0)
@@ -94,18 +102,27 @@ def capable_devices_seen(*, min_memory_bytes: int, backends) -> int:
     return sum(1 for d in seen if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends))
 
 
-def capacity_for(*, min_memory_bytes: int, backends) -> dict:
+def capacity_for(*, min_memory_bytes: int, backends, sensitive: bool = False) -> dict:
     """What the devices online offer a job with these needs, enough to tell its customer why it waits:
     `available` online and unquarantined devices, `capable` of them able to run it, `busy` of those holding a
     lease right now; `quarantined` online but quarantined devices, `quarantined_capable` of them able to run
-    it; and the most RAM / GPU memory an available device offers."""
-    online = list(devices_online())
+    it; and the most RAM / GPU memory an available device offers. `sensitive`: the job's dataset is, so only
+    the capable devices the site trusts with such data count as `capable` (and `busy`); `untrusted_capable` says how
+    many more could run it, and `trust_rule` is the rule in words (contributors.exposure)."""
+    online = list(exposure.devices_annotated(devices_online()) if sensitive else devices_online())
     available = [d for d in online if d.quarantined_at is None]
-    capable = [d.pk for d in available if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+    capable = [d for d in available if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+    extra = {}
+    if sensitive:
+        policy, now = exposure.policy_current(), timezone.now()
+        trusted = [d for d in capable if exposure.device_trusted(d, policy, now)]
+        extra = {"untrusted_capable": len(capable) - len(trusted), "trust_rule": exposure.policy_words(policy)}
+        capable = trusted
+    capable = [d.pk for d in capable]
     busy = (WorkUnit.objects.filter(status=WorkUnit.Status.LEASED, leased_device_id__in=capable)
             .values("leased_device_id").distinct().count()) if capable else 0
     quarantined = [d for d in online if d.quarantined_at is not None]
-    return {"capable": len(capable), "busy": busy, "available": len(available),
+    return {**extra, "capable": len(capable), "busy": busy, "available": len(available),
             "quarantined": len(quarantined),
             "quarantined_capable": sum(1 for d in quarantined
                                        if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)),
@@ -134,6 +151,23 @@ def job_devices(*, job) -> list[dict]:
     rows = (Receipt.objects.filter(unit__round__job=job, status=Receipt.Status.ACCEPTED)
             .values("device_id", "device__name").annotate(units=Count("id")).order_by("device_id"))
     return [{"device": r["device_id"], "name": r["device__name"], "units": r["units"]} for r in rows]
+
+
+SHARD_DOWNLOADS_LISTED = 1000
+
+
+def job_shard_downloads(*, job, limit: int = SHARD_DOWNLOADS_LISTED) -> dict:
+    """The job's shard-download log (contributors.exposure), as its customer reads it: the newest `limit` downloads
+    with who (device id, owner's username), when and which rows of the job's training split, and how many in all."""
+    rows = (ShardDownload.objects.filter(job=job).order_by("-at", "-id")
+            .values("at", "device_id", "owner__username", "unit__round__number", "unit_id", "peer_check_id",
+                    "shard_start", "shard_stop")[:limit])
+    return {"job": job.pk, "sensitive": job.dataset.sensitive,
+            "trust_rule": exposure.policy_words(exposure.policy_current()),
+            "count": ShardDownload.objects.filter(job=job).count(),
+            "downloads": [{"at": _iso(r["at"]), "device": r["device_id"], "owner": r["owner__username"],
+                           "round": r["unit__round__number"], "unit": r["unit_id"], "check": r["peer_check_id"],
+                           "shard_start": r["shard_start"], "shard_stop": r["shard_stop"]} for r in rows]}
 
 
 def receipt_was_checked(receipt: Receipt) -> bool:

@@ -16,7 +16,7 @@ from jobs import services as jobs
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
 
-from . import credit, peers, reputation, selectors, tolerances
+from . import credit, exposure, peers, reputation, selectors, tolerances
 from .authentication import token_hash, touch
 from .models import Device, DeviceEvent, Lease, PeerCheck
 
@@ -114,7 +114,7 @@ def unit_claim(*, device: Device, backends=None) -> Claim | None:
     if check is not None:
         return Claim(None, None, check)
     with transaction.atomic():
-        unit = jobs.unit_lease(device_id=device.pk, resources=resources)
+        unit = jobs.unit_lease(device_id=device.pk, resources=resources, trusted=exposure.device_is_trusted(device))
         if unit is None:
             held = jobs.units_held(device_id=device.pk)
             if held >= settings.MUNINN_MAX_LEASES_PER_DEVICE:

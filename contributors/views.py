@@ -121,6 +121,16 @@ def job_devices_panel(job: Job) -> dict:
     return panel
 
 
+SHARD_DOWNLOADS_SHOWN = 100
+
+
+def job_exposure_section(job: Job) -> dict:
+    """For the job page (passed in by muninn/urls.py): a sensitive job's shard-download log, the newest first."""
+    if not job.dataset.sensitive:
+        return {}
+    return {"shard_downloads": selectors.job_shard_downloads(job=job, limit=SHARD_DOWNLOADS_SHOWN)}
+
+
 # --- Staff ------------------------------------------------------------------------------------------
 
 @role_required("staff")

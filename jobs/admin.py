@@ -5,8 +5,9 @@ from .models import Dataset, Job, Round, WorkUnit
 
 @admin.register(Dataset)
 class DatasetAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "owner", "format", "size_bytes", "created_at")
-    readonly_fields = ("sha256", "profile")
+    list_display = ("id", "name", "owner", "format", "size_bytes", "sensitive", "created_at")
+    list_filter = ("sensitive",)
+    readonly_fields = ("sha256", "profile", "sensitive")  # sensitivity is the customer's choice, made at upload
 
 
 class RoundInline(admin.TabularInline):

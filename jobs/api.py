@@ -26,7 +26,9 @@ from .models import Dataset, Job, PredictionBatch, Round
 class DatasetSerializer(serializers.ModelSerializer):
     class Meta:
         model = Dataset
-        fields = ["id", "name", "sha256", "size_bytes", "format", "target", "profile", "created_at"]
+        fields = ["id", "name", "sha256", "size_bytes", "format", "target", "profile", "sensitive", "created_at"]
+        extra_kwargs = {"sensitive": {"help_text": "Shards go only to devices the site trusts with sensitive data, "
+                                                   "every download is logged, and the data is encrypted at rest"}}
 
 
 class DatasetUploadSerializer(serializers.Serializer):
@@ -35,6 +37,9 @@ class DatasetUploadSerializer(serializers.Serializer):
     target = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     task = serializers.ChoiceField(choices=["", "classification", "regression"], required=False, default="")
     tokenizer = serializers.ChoiceField(choices=["", "char", "byte"], required=False, default="")
+    sensitive = serializers.BooleanField(required=False, default=False, help_text=(
+        "Mark the data sensitive (chosen at upload, fixed after): its shards go only to devices that meet the "
+        "site's trust level, every shard download is logged on the job page, and it is encrypted at rest"))
 
 
 MAX_ID = 2**63 - 1  # a database id (muninn/converters.py): a larger one names nothing
@@ -51,7 +56,8 @@ class DatasetListView(APIView):
     @extend_schema(summary="Upload a dataset (CSV, NPZ, a zip of image folders, text, or safetensors base weights)",
                    request={"multipart/form-data": DatasetUploadSerializer},
                    responses={201: DatasetSerializer, **errors(400, codes={
-                       400: "`invalid`, `empty_file`, and the format's own (`bad_csv`, `no_target`, ...)"})})
+                       400: "`invalid`, `empty_file`, `sensitive_weights`, and the format's own (`bad_csv`, "
+                            "`no_target`, ...)"})})
     def post(self, request):
         data = DatasetUploadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -60,7 +66,8 @@ class DatasetListView(APIView):
             raise TooLarge(f"The file is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
         dataset = services.dataset_create(owner=request.user, filename=upload.name, data=upload.read(),
                                           name=data.validated_data["name"], target=data.validated_data["target"],
-                                          task=data.validated_data["task"], tokenizer=data.validated_data["tokenizer"])
+                                          task=data.validated_data["task"], tokenizer=data.validated_data["tokenizer"],
+                                          sensitive=data.validated_data["sensitive"])
         return Response(DatasetSerializer(dataset).data, status=201)
 
 

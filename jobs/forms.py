@@ -13,3 +13,6 @@ class DatasetUploadForm(forms.Form):
                                       ("regression", "regression")], required=False)
     tokenizer = forms.ChoiceField(choices=[("", "char (default)"), ("char", "char"), ("byte", "byte")],
                                   required=False, help_text="For text only.")
+    sensitive = forms.BooleanField(required=False, label="Sensitive data", help_text=(
+        "Its shards go only to devices the site trusts (a verified record and age staff set), every shard download "
+        "is logged on the job page, and it is encrypted at rest. Chosen now: it cannot be changed later."))

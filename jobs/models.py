@@ -25,6 +25,11 @@ class Dataset(models.Model):
     format = models.CharField(max_length=8, choices=Format.choices)
     target = models.CharField(max_length=200, blank=True)
     profile = models.JSONField(default=dict)
+    # Sensitive (chosen at upload, fixed after): its shards go only to devices staff trust (contributors.exposure),
+    # every shard download is logged, and its data is sealed at rest (jobs/sealing.py) under a key of its own,
+    # kept here wrapped under the site's data key (never in plain).
+    sensitive = models.BooleanField(default=False)
+    wrapped_key = models.BinaryField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

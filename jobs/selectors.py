@@ -13,7 +13,7 @@ from muninn_worker import onnx_export, package, tensors, zoo
 
 from muninn.errors import Conflict, InvalidInput, NotFound
 
-from . import storage
+from . import sealing, storage
 from .models import Dataset, Job, PredictionBatch, Round, WorkUnit
 
 
@@ -24,15 +24,28 @@ FIXED_ROUNDS_KEPT = 4096
 def round_fixed(round_id: int) -> Round:
     """The round with its job, read once per process for the worker API's hot path (every claim and result of the
     round needs them). Only what is fixed once the round is open may be read from it: its number, weights and
-    opening time, and the job's owner, template, configuration and hyper-parameters. Its status, deadlines and
+    opening time, the job's owner, template, configuration and hyper-parameters, and its dataset (whose data and
+    sensitivity never change after upload). Its status, deadlines and
     results, and the job's status and progress, are stale at once: read those fresh (unit_accept locks the round)."""
     rnd = _FIXED.get(round_id)
     if rnd is None:
-        rnd = Round.objects.select_related("job").get(pk=round_id)
+        rnd = Round.objects.select_related("job__dataset").get(pk=round_id)
         if len(_FIXED) >= FIXED_ROUNDS_KEPT:
             _FIXED.clear()
         _FIXED[round_id] = rnd
     return rnd
+
+
+def dataset_key(dataset: Dataset) -> bytes | None:
+    """The key a sensitive dataset's blobs are sealed with (jobs/sealing.py), unwrapped; None for any other."""
+    if not dataset.sensitive:
+        return None
+    return sealing.unwrap_key(dataset.wrapped_key, site_key=sealing.site_data_key(), label=dataset.sha256)
+
+
+def job_data_key(job: Job) -> bytes | None:
+    """The key of the job's training data (its split, test set and shards are sealed with its dataset's key)."""
+    return dataset_key(job.dataset)
 
 
 def datasets_for(*, owner) -> QuerySet[Dataset]:
@@ -95,14 +108,16 @@ BACKEND_NAMES = {"cpu": "a CPU", "cuda": "a CUDA GPU", "mps": "an Apple GPU"}
 @dataclass(frozen=True)
 class Waiting:
     """Why a running job is not moving. `no_device`: no capable device is online; `quarantined`: the only
-    capable devices online are quarantined; `busy`: capable devices are online, every one busy with other
-    work. The first two are time without a capable device, which MUNINN_JOB_WAIT_LIMIT bounds."""
-    NO_DEVICE, QUARANTINED, BUSY = "no_device", "quarantined", "busy"
+    capable devices online are quarantined; `untrusted`: the job's dataset is sensitive and no capable device
+    online meets the site's trust level for such data; `busy`: capable devices are online, every one busy with
+    other work. All but the last are time without a capable device, which MUNINN_JOB_WAIT_LIMIT bounds."""
+    NO_DEVICE, QUARANTINED, UNTRUSTED, BUSY = "no_device", "quarantined", "untrusted", "busy"
 
     kind: str
     message: str
     need: str  # "3.00 GiB of memory on a CUDA GPU"
     quarantined: int = 0  # capable devices online but quarantined
+    trust_rule: str = ""  # a sensitive job's: who may take its shards (contributors.exposure.policy_words)
 
     @property
     def without_device(self) -> bool:
@@ -205,21 +220,32 @@ def job_waiting(job: Job, capacity_for: Callable[..., dict]) -> Waiting | None:
     `waiting`, the job page's note and the wait limit's failure all come from here."""
     if job.status != Job.Status.RUNNING:
         return None
-    capacity = capacity_for(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list)
+    sensitive = job.dataset.sensitive
+    capacity = capacity_for(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list, sensitive=sensitive)
     need = job_needs(job)
     limit = (f"It waits up to {span(settings.MUNINN_JOB_WAIT_LIMIT)} for one, then fails and the unused hold is "
              "released; you can cancel it at any time.")
+    trusted = "trusted " if sensitive else ""
     if capacity["capable"] > 0:
         if capacity["busy"] >= capacity["capable"] and _work_untouched(job):
             return Waiting(Waiting.BUSY, need=need, message=(
-                f"All {capacity['capable']} online device(s) that can run this job are busy with other work; it "
-                "carries on as soon as one is free."))
+                f"All {capacity['capable']} online {trusted}device(s) that can run this job are busy with other "
+                "work; it carries on as soon as one is free."))
         return None
+    rule = capacity.get("trust_rule", "")
+    if sensitive and capacity.get("untrusted_capable"):
+        n = capacity["untrusted_capable"]
+        return Waiting(Waiting.UNTRUSTED, need=need, trust_rule=rule, message=(
+            f"No trusted device is online: this dataset is marked sensitive, so its shards go only to {rule}. "
+            f"{n} online device(s) could run this job but do not meet that yet. It carries on as soon as a trusted "
+            f"device that can run it comes online. {limit}"))
+    only = f" This dataset is marked sensitive: its shards go only to {rule}." if sensitive else ""
     if capacity["quarantined_capable"]:
         n = capacity["quarantined_capable"]
         return Waiting(Waiting.QUARANTINED, need=need, quarantined=n, message=(
             f"No device that can run this job is available: it needs {need}, and the {n} online device(s) that "
-            f"could are quarantined (their results failed checks) and get no work until staff review them. {limit}"))
+            f"could are quarantined (their results failed checks) and get no work until staff review them.{only} "
+            f"{limit}"))
     available, quarantined = capacity["available"], capacity["quarantined"]
     if available == 0:
         seen = (f"the only device(s) online ({quarantined}) are quarantined" if quarantined
@@ -229,9 +255,9 @@ def job_waiting(job: Job, capacity_for: Callable[..., dict]) -> Waiting | None:
     else:
         most = capacity["max_gpu_memory_bytes"] if job.backend_list == ["cuda"] else capacity["max_ram_bytes"]
         seen = f"the largest of the {available} device(s) online offers {most / 2**30:.2f} GiB"
-    return Waiting(Waiting.NO_DEVICE, need=need, message=(
-        f"No online device can run this job yet: it needs {need}, and {seen}. It carries on as soon as a device "
-        f"that can run it comes online. {limit}"))
+    return Waiting(Waiting.NO_DEVICE, need=need, trust_rule=rule, message=(
+        f"No online device can run this job yet: it needs {need}, and {seen}.{only} It carries on as soon as a "
+        f"{trusted}device that can run it comes online. {limit}"))
 
 
 def job_waiting_reason(job: Job, capacity_for: Callable[..., dict]) -> str | None:
@@ -245,9 +271,12 @@ def job_wait_limit_error(job: Job, waiting: Waiting, *, waited_seconds: float) -
     how long it waited, that its money is back, and what to try instead."""
     quarantined = (f" ({waiting.quarantined} online device(s) that could are quarantined)"
                    if waiting.kind == Waiting.QUARANTINED else "")
+    if waiting.trust_rule:  # a sensitive dataset's job
+        quarantined += f" (its dataset is sensitive: only {waiting.trust_rule} may take its shards)"
     advice = ("Try a smaller model or a CPU template." if "cpu" not in job.backend_list
               else "Try a smaller model, or start it again when more devices are online.")
-    return (f"No device able to run this job (needs {waiting.need}) was online for {span(waited_seconds)}"
+    return (f"No {'trusted ' if waiting.trust_rule else ''}device able to run this job (needs {waiting.need}) was "
+            f"online for {span(waited_seconds)}"
             f"{quarantined}; the unused hold was released. {advice}")
 
 

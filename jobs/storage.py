@@ -14,6 +14,8 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, default_storage
 from django.utils._os import safe_makedirs
 
+from . import sealing
+
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -39,7 +41,7 @@ def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
     shas = [sha256_hex(data) for data in blobs]
     unique = dict(zip(shas, blobs))
     if isinstance(default_storage, FileSystemStorage):
-        _files_put(default_storage, unique, threads=threads)
+        _files_put(default_storage, {blob_path(sha): data for sha, data in unique.items()}, threads=threads)
         return shas
     if len(unique) <= 1 or threads <= 1:
         for data in unique.values():
@@ -53,10 +55,10 @@ def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
 def _files_put(store: FileSystemStorage, blobs: dict[str, bytes], *, threads: int) -> None:
     """What FileSystemStorage.save does for a new content-addressed file (its folders, modes and group, a
     file created exclusively, so a blob already there is left as it is), without its per-file overhead. Each
-    thread writes a contiguous share of the blobs; the os calls release the GIL."""
+    thread writes a contiguous share of the blobs ({path under the root: bytes}); the os calls release the GIL."""
     root = store.location
-    for prefix in {sha[:2] for sha in blobs}:
-        folder = os.path.join(root, "blobs", prefix)
+    for parent in {os.path.dirname(path) for path in blobs}:
+        folder = os.path.join(root, parent)
         if store.directory_permissions_mode is None:
             os.makedirs(folder, exist_ok=True)
         else:
@@ -66,9 +68,9 @@ def _files_put(store: FileSystemStorage, blobs: dict[str, bytes], *, threads: in
     group = os.stat(root).st_gid if os.name == "posix" else None
 
     def write(items: list[tuple[str, bytes]]) -> None:
-        for sha, data in items:
+        for path, data in items:
             try:
-                fd = os.open(os.path.join(root, blob_path(sha)), flags, 0o666)
+                fd = os.open(os.path.join(root, path), flags, 0o666)
             except FileExistsError:
                 continue
             try:
@@ -135,3 +137,45 @@ def blob_open(sha256: str):
 
 def blob_exists(sha256: str) -> bool:
     return default_storage.exists(blob_path(sha256))
+
+
+# --- Sealed blobs: a sensitive dataset's data, encrypted at rest (jobs/sealing.py) -----------------------------
+# Named by the plaintext's sha256 like any blob (the caller keeps that name), stored under a keyed name as
+# ciphertext. `key` None: the dataset is not sensitive, and these are the plain functions above.
+
+def sealed_path(sha256: str, key: bytes) -> str:
+    name = sealing.sealed_name(key, sha256)
+    return f"sealed/{name[:2]}/{name}"
+
+
+def data_put(data: bytes, *, key: bytes | None) -> str:
+    if key is None:
+        return blob_put(data)
+    sha = sha256_hex(data)
+    path = sealed_path(sha, key)
+    if not default_storage.exists(path):
+        default_storage.save(path, ContentFile(sealing.seal(data, key, sha256=sha)))
+    return sha
+
+
+def data_put_many(blobs: Sequence[bytes], *, key: bytes | None, threads: int = 8) -> list[str]:
+    """blobs_put, sealed under `key` when there is one (a round's shards of a sensitive dataset)."""
+    if key is None:
+        return blobs_put(blobs, threads=threads)
+    shas = [sha256_hex(data) for data in blobs]
+    unique = {sealed_path(sha, key): (sha, data) for sha, data in zip(shas, blobs)}
+    if isinstance(default_storage, FileSystemStorage):
+        sealed = {path: sealing.seal(data, key, sha256=sha) for path, (sha, data) in unique.items()}
+        _files_put(default_storage, sealed, threads=threads)
+        return shas
+    for sha, data in unique.values():
+        data_put(data, key=key)
+    return shas
+
+
+def data_get(sha256: str, *, key: bytes | None) -> bytes:
+    """The plaintext of a blob, sealed or not (sealing.SealError when a sealed one does not open)."""
+    if key is None:
+        return blob_get(sha256)
+    with default_storage.open(sealed_path(sha256, key), "rb") as f:
+        return sealing.unseal(f.read(), key, sha256=sha256)

@@ -39,7 +39,7 @@ def datasets(request):
                 raise TooLarge(f"The file is {upload.size:,} bytes; the limit is {_upload_limit():,}.")
             dataset = services.dataset_create(owner=request.user, filename=upload.name, data=upload.read(),
                                               name=data["name"], target=data["target"], task=data["task"],
-                                              tokenizer=data["tokenizer"])
+                                              tokenizer=data["tokenizer"], sensitive=data["sensitive"])
         except MuninnError as e:
             error = e
         else:
@@ -70,10 +70,13 @@ def _panels(job, panels: Sequence[Panel]) -> dict:
 
 
 @role_required("customer")
-def job_detail(request, job_id: int, panels: Sequence[Panel] = ()):
+def job_detail(request, job_id: int, panels: Sequence[Panel] = (), sections: Sequence[Panel] = ()):
+    """`panels` feed the page's live state (polled by job_progress too); `sections` are drawn once, with the page
+    (the shard-download log of a sensitive job, from contributors/)."""
     job = selectors.job_get(owner=request.user, job_id=job_id)
     state = {**progress.job_progress(job), **_panels(job, panels)}
-    return render(request, "jobs/job.html", {"job": job, "state": state, "chart_metrics": progress.CHART_METRICS,
+    return render(request, "jobs/job.html", {**_panels(job, sections),
+                                             "job": job, "state": state, "chart_metrics": progress.CHART_METRICS,
                                              "model_input": selectors.model_input_note(job),
                                              "flagged": selectors.job_flagged_updates(job),
                                              "try_model": predictions.try_panel(job),

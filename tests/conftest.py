@@ -40,10 +40,11 @@ def _fresh_cache():
     find filled by an earlier test's rows of the same ids (jobs.selectors.round_fixed, contributors.results)."""
     from django.core.cache import cache
 
-    from contributors import results
+    from contributors import exposure, results
     from jobs import selectors as job_selectors
 
     cache.clear()
+    exposure.policy_forget()  # the sensitive-data trust policy, read from a row each test makes afresh
     job_selectors._FIXED.clear()
     results._NORM_BOUNDS.clear()
     results._FIRST_COMMITMENTS.clear()

@@ -9,7 +9,7 @@ from muninn_worker import datasets, preparation, tensors
 
 from muninn.errors import InvalidInput, TooLarge
 
-from .. import storage
+from .. import sealing, selectors, storage
 from ..models import Dataset
 
 
@@ -17,11 +17,12 @@ log = logging.getLogger(__name__)
 
 
 def dataset_create(*, owner, filename: str, data: bytes, name: str = "", target: str = "", task: str = "",
-                   tokenizer: str = "") -> Dataset:
+                   tokenizer: str = "", sensitive: bool = False) -> Dataset:
     """Validate, profile and store an upload. Nothing is stored unless the whole file is valid.
 
     `task` forces a table's target to "classification" or "regression" (default: detected); `tokenizer` is
-    "char" (default) or "byte" for text."""
+    "char" (default) or "byte" for text. `sensitive`: the data goes only to trusted devices and is sealed at rest
+    under a new key of its own (jobs/sealing.py), the upload itself included; it is chosen here, once."""
     if len(data) > settings.MUNINN_MAX_UPLOAD_BYTES:
         raise TooLarge(f"The file is {len(data):,} bytes; the limit is {settings.MUNINN_MAX_UPLOAD_BYTES:,}.")
     if not data:
@@ -32,17 +33,24 @@ def dataset_create(*, owner, filename: str, data: bytes, name: str = "", target:
                                         tokenizer=tokenizer or None)
     except datasets.DatasetError as e:
         raise InvalidInput(e.message, code=e.code, detail=e.detail) from e
-    sha = storage.blob_put(data)
+    if sensitive and fmt == Dataset.Format.WEIGHTS:
+        raise InvalidInput("Base weights cannot be marked sensitive: the sensitive tier protects training data. "
+                           "Mark the dataset you fine-tune on sensitive instead.", code="sensitive_weights",
+                           detail={"field": "sensitive"})
+    key = sealing.new_dataset_key() if sensitive else None
+    sha = storage.data_put(data, key=key)
+    wrapped = None if key is None else sealing.wrap_key(key, site_key=sealing.site_data_key(), label=sha)
     return Dataset.objects.create(
         owner=owner, name=(name or filename)[:200], sha256=sha, size_bytes=len(data), format=fmt,
-        target=target, profile=parsed.profile,
+        target=target, profile=parsed.profile, sensitive=bool(sensitive), wrapped_key=wrapped,
     )
 
 
 def _load_samples(dataset: Dataset, model_config: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The dataset as (X, y) samples for this model, read exactly as at upload, and the job's metadata."""
     options = preparation.parse_options(dataset.profile, model_config)
-    parsed = datasets.parse_dataset(storage.blob_get(dataset.sha256), dataset.format, target=dataset.target or None,
+    data = storage.data_get(dataset.sha256, key=selectors.dataset_key(dataset))
+    parsed = datasets.parse_dataset(data, dataset.format, target=dataset.target or None,
                                     **options)
     X, y = preparation.samples(parsed, model_config)
     return X, y, preparation.job_metadata(parsed.profile)
@@ -52,5 +60,6 @@ def _xy_bytes(X: torch.Tensor, y: torch.Tensor) -> bytes:
     return tensors.shard_to_bytes(X.contiguous(), y.contiguous())
 
 
-def load_xy(sha256: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return tensors.bytes_to_shard(storage.blob_get(sha256))
+def load_xy(sha256: str, *, key: bytes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split or shard as (X, y); `key`: its dataset's (selectors.job_data_key), when that is sensitive."""
+    return tensors.bytes_to_shard(storage.data_get(sha256, key=key))

@@ -15,7 +15,7 @@ from muninn_worker.federated.plan import holdout, initial_state
 
 from muninn.errors import Conflict, InvalidInput
 
-from .. import estimate, storage
+from .. import estimate, selectors, storage
 from ..models import Dataset, Job, Round, WorkUnit
 from ..signals import job_ended, job_ending, job_started
 
@@ -109,6 +109,7 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
     # downloaded model takes raw inputs and answers in the customer's units.
     state = initial_state(template, plan.model_config, seed=seed, X_train=X_train, y_train=y_train)
     est = plan.estimate
+    key = selectors.dataset_key(dataset)  # a sensitive dataset's splits are sealed as its upload is
     with transaction.atomic():
         return Job.objects.create(
             owner=owner, dataset=dataset, template=template, hparams=plan.hparams, model_config=plan.model_config,
@@ -117,8 +118,8 @@ def job_create(*, owner, dataset: Dataset, template: str, hparams: dict, rounds:
             rounds=rounds, seed=seed, flops_per_sample=est.flops_per_sample, flops_estimated=est.flops_total,
             forward_flops_per_sample=est.forward_flops_per_sample,
             peak_memory_bytes=est.peak_memory_bytes,
-            train_sha256=storage.blob_put(_xy_bytes(X_train, y_train)),
-            test_sha256=storage.blob_put(_xy_bytes(X_test, y_test)),
+            train_sha256=storage.data_put(_xy_bytes(X_train, y_train), key=key),
+            test_sha256=storage.data_put(_xy_bytes(X_test, y_test), key=key),
             n_train=len(y_train), n_test=len(y_test),
             global_weights_sha256=storage.blob_put(tensors.state_dict_to_bytes(state)),
             metrics=metadata,
@@ -197,5 +198,5 @@ def job_model(job: Job, state: dict[str, torch.Tensor]) -> torch.nn.Module:
 
 def _evaluate(job: Job, state: dict[str, torch.Tensor]) -> dict[str, float]:
     """The template's metrics on the held-out split: accuracy, RMSE or perplexity, and the loss."""
-    X_test, y_test = load_xy(job.test_sha256)
+    X_test, y_test = load_xy(job.test_sha256, key=selectors.job_data_key(job))
     return training.evaluate(job_model(job, state), X_test, y_test)

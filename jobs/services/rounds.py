@@ -17,7 +17,7 @@ from muninn_worker.federated import plan as rounds_plan
 
 from muninn.failpoints import failpoint
 
-from .. import deadlines, storage
+from .. import deadlines, selectors, storage
 from ..models import Job, Round, WorkUnit
 from ..shards import shards_to_bytes
 
@@ -45,12 +45,13 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
         number = job.current_round + 1
         if number > job.rounds:
             return None
-        X, y = load_xy(job.train_sha256)
+        key = selectors.job_data_key(job)
+        X, y = load_xy(job.train_sha256, key=key)
         shards = rounds_plan.round_shards(job.n_train, [speed for _, speed in devices],
                                           batch_size=job.hparams["batch_size"])
         now = timezone.now()
         reserved_until = now + timedelta(seconds=settings.MUNINN_RESERVATION_SECONDS)
-        shard_shas = storage.blobs_put(shards_to_bytes(X, y, [(s.start, s.stop) for s in shards]))
+        shard_shas = storage.data_put_many(shards_to_bytes(X, y, [(s.start, s.stop) for s in shards]), key=key)
         flops_of: dict[int, int] = {}  # shards of one size cost the same: most of a large round's sizes repeat
         rows = []
         for i, shard in enumerate(shards):

@@ -29,14 +29,14 @@ def jobs_check_waiting(*, capacity_for: Callable[..., dict], now: datetime | Non
     limit = settings.MUNINN_JOB_WAIT_LIMIT
     asked: dict[tuple, dict] = {}
 
-    def capacity(*, min_memory_bytes: int, backends) -> dict:  # jobs with the same needs ask once per sweep
-        key = (min_memory_bytes, tuple(backends))
+    def capacity(*, min_memory_bytes: int, backends, sensitive: bool = False) -> dict:  # asked once per sweep
+        key = (min_memory_bytes, tuple(backends), sensitive)
         if key not in asked:
-            asked[key] = capacity_for(min_memory_bytes=min_memory_bytes, backends=backends)
+            asked[key] = capacity_for(min_memory_bytes=min_memory_bytes, backends=backends, sensitive=sensitive)
         return asked[key]
 
     failed = []
-    for job in Job.objects.filter(status=Job.Status.RUNNING).order_by("id"):
+    for job in Job.objects.filter(status=Job.Status.RUNNING).select_related("dataset").order_by("id"):
         waiting = selectors.job_waiting(job, capacity)
         running = Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING)
         if waiting is None or not waiting.without_device:

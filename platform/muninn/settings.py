@@ -352,6 +352,10 @@ MUNINN_SITE_URL = env.str("MUNINN_SITE_URL", default="http://127.0.0.1:8000")  #
 # made once and kept in MUNINN_VAR_DIR/signing-key, so it survives restarts. Several web machines: set the same key.
 MUNINN_SIGNING_KEY = env.str("MUNINN_SIGNING_KEY", default="")
 MUNINN_SIGNING_KEY_FILE = env.str("MUNINN_SIGNING_KEY_FILE", default="")
+# The key that wraps each sensitive dataset's own key (jobs/sealing.py): base64 of 32 random bytes. Unset: derived
+# from SECRET_KEY (HKDF), so changing SECRET_KEY would make every sensitive dataset's data unreadable. Production
+# sets it, the same on every machine, and keeps it apart from the bucket (with the database's backups).
+MUNINN_DATA_KEY = env.str("MUNINN_DATA_KEY", default="")
 
 # --- Money ----------------------------------------------------------------------------------------
 MUNINN_QUOTE_TTL_SECONDS = env.int("MUNINN_QUOTE_TTL_SECONDS", default=30 * 60)
