@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 def _online_devices(job: Job) -> list[tuple[int, float]]:
     from contributors.selectors import device_capacities_online
 
-    return device_capacities_online(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list)
+    return device_capacities_online(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list,
+                                    template=job.template)
 
 
 @shared_task(name="jobs.tasks.open_round")
