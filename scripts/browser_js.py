@@ -65,7 +65,8 @@ class MlpCase:
 
     def __init__(self, *, task: str = "classification", encoding: str = "fp32", samples: int = 150,
                  features: int = 16, classes: int = 4, hidden: tuple[int, ...] = (32,), segment_steps: int = 8,
-                 epochs: int = 2, batch_size: int = 16, lr: float = 0.05, momentum: float = 0.9, seed: int = 1234):
+                 epochs: int = 2, batch_size: int = 16, lr: float = 0.05, momentum: float = 0.9, seed: int = 1234,
+                 inner_steps: int | None = None):
         import torch
 
         from muninn_worker import zoo
@@ -83,11 +84,11 @@ class MlpCase:
         self.weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.momentum = momentum
         self.spec = {"epochs": epochs, "batch_size": batch_size, "lr": lr, "momentum": momentum, "seed": seed,
-                     "optimizer": "sgd", "inner_steps": None}
+                     "optimizer": "sgd", "inner_steps": inner_steps}
         self.weights_bytes = state_dict_to_bytes(self.weights)
         self.shard_bytes = shard_to_bytes(self.X, self.y)
         self.unit = {"id": 1, "template": "mlp", "model_config": self.config, "encoding": encoding,
-                     "algorithm": "fedavg", "samples": samples,
+                     "algorithm": "fedavg" if inner_steps is None else "diloco", "samples": samples,
                      "train": {**self.spec, "segment_steps": segment_steps},
                      "weights_sha256": sha256_hex(self.weights_bytes), "shard_sha256": sha256_hex(self.shard_bytes)}
 

@@ -43,14 +43,18 @@ def test_canonical_bytes_match_the_reference_serializer(page):
         assert unb64(rewritten) == state_dict_to_bytes(given)
 
 
-@pytest.mark.parametrize("task,encoding", [("classification", "fp32"), ("regression", "fp16"),
-                                           ("classification", "int8")])
-def test_browser_unit_passes_the_sites_segment_checks(page, task, encoding):
-    case = mlp_case(task=task, encoding=encoding, samples=150, segment_steps=8)
+@pytest.mark.parametrize("task,encoding,momentum,inner_steps", [
+    ("classification", "fp32", 0.9, None), ("regression", "fp16", 0.9, None), ("classification", "int8", 0.9, None),
+    ("classification", "fp32", 0.0, 19),  # DiLoCo's inner steps, plain SGD (an empty optimizer state)
+])
+def test_browser_unit_passes_the_sites_segment_checks(page, task, encoding, momentum, inner_steps):
+    case = mlp_case(task=task, encoding=encoding, samples=150, segment_steps=8, momentum=momentum,
+                    inner_steps=inner_steps)
     trained = train_in_browser(page, case)
 
+    assert trained["receipt"]["steps"] == order.total_steps(150, epochs=2, batch_size=16, inner_steps=inner_steps)
     chain = trained["receipt"]["checkpoints"]
-    first = segments.Checkpoint(case.weights, training.initial_optimizer_state(case.model, "sgd", case.momentum))
+    first = segments.Checkpoint(case.weights, training.initial_optimizer_state(case.model, "sgd", momentum))
     assert chain[0] == first.commitment()
     assert len(chain) == segments.segment_count(trained["receipt"]["steps"], 8) + 1
 
