@@ -365,8 +365,11 @@ def write_table(verdicts: dict[str, dict], source: str) -> None:
     lines = [f'    "{t}": {{"segment_steps": {v["segment_steps"]}, "envelope": {{'
              + ", ".join(f'"{k}": {float(f"{e:.2e}")!r}' for k, e in v["_envelope"].items()) + "}}"
              for t, v in verdicts.items()]
+    # The browser tier's envelope (bench/browser_training.py --write) is its own measurement: kept as it is.
+    browser = json.loads(TOLERANCES.read_text()).get("browser") if TOLERANCES.exists() else None
     text = ("{\n" f'  "multiple": {MULTIPLE},\n  "floor": {FLOOR!r},\n  "source": {json.dumps(source)},\n'
-            '  "templates": {\n' + ",\n".join(lines) + "\n  }\n}\n")
+            '  "templates": {\n' + ",\n".join(lines) + "\n  }"
+            + (f',\n  "browser": {json.dumps(browser)}' if browser else "") + "\n}\n")
     json.loads(text)
     TOLERANCES.write_text(text)
 

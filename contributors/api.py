@@ -42,11 +42,19 @@ class GpuSerializer(StrictSerializer):
 class CapabilitiesSerializer(StrictSerializer):
     cpu_cores = serializers.IntegerField(min_value=1, max_value=4096)
     ram_bytes = serializers.IntegerField(min_value=0, max_value=MAX_BYTES)
-    backends = serializers.ListField(child=serializers.ChoiceField(choices=["cpu", "cuda", "mps"]), min_length=1)
+    backends = serializers.ListField(child=serializers.ChoiceField(choices=["cpu", "cuda", "mps", "browser"]),
+                                     min_length=1, help_text='what the device trains on; "browser" (alone) for a '
+                                     "browser contributing from /contribute/browser/")
     gpus = serializers.ListField(child=GpuSerializer(), required=False, default=list, max_length=64)
     torch_version = serializers.CharField(max_length=64)
     samples_per_s = serializers.FloatField(min_value=0, required=False, default=0.0)
     flops_per_s = serializers.FloatField(min_value=0, required=False, default=0.0)
+
+    def validate_backends(self, value: list[str]) -> list[str]:
+        if "browser" in value and len(value) > 1:
+            raise serializers.ValidationError('"browser" is a device of its own: a browser registers with '
+                                              '["browser"] alone.')
+        return value
 
 
 PUBLIC_KEY = "public_key must be base64 of a 32-byte Ed25519 public key"

@@ -13,7 +13,7 @@ from billing import selectors as ledger
 from billing.models import Account
 from jobs.models import WorkUnit
 
-from . import exposure
+from . import browser, exposure
 from .models import Device, DeviceEvent, Lease, PeerCheck, Receipt, ShardDownload
 
 
@@ -54,6 +54,9 @@ def device_resources(device: Device, *, backends=None) -> dict[str, int]:
     Apple MPS, whose memory is unified), the largest GPU's memory for CUDA. `backends`: only those of them (what a
     claim asks for, e.g. ["cuda"] from a client run with --gpu-only)."""
     offered = (device.capabilities or {}).get("backends") or ["cpu"]
+    if browser.is_browser(device):  # CPU-class work, of the templates a browser trains (contributors.browser)
+        resources = {"cpu": browser.memory_for(device)}
+        return {b: memory for b, memory in resources.items() if backends is None or b in backends}
     resources = {"cpu": device.memory_bytes}
     if "cuda" in offered and device.gpu_memory_bytes > 0:
         resources["cuda"] = device.gpu_memory_bytes
@@ -64,13 +67,16 @@ def device_resources(device: Device, *, backends=None) -> dict[str, int]:
     return resources
 
 
-def can_run(device: Device, *, min_memory_bytes: int, backends) -> bool:
+def can_run(device: Device, *, min_memory_bytes: int, backends, template: str | None = None) -> bool:
+    templates = browser.templates_for(device)
+    if template is not None and templates is not None and template not in templates:
+        return False
     resources = device_resources(device)
     return any(resources.get(b, -1) >= min_memory_bytes for b in backends)
 
 
 def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",),
-                             trusted_only: bool = False) -> list[tuple[int, float]]:
+                             trusted_only: bool = False, template: str | None = None) -> list[tuple[int, float]]:
     """(device id, FLOP/s) of the online devices that can run a job needing this much memory on one of these
     backends. A probe's benchmark is only a guess, and a self-reported one (a busy machine measures itself ten
     times slower; a hoarder reports 1e18 to be sized the biggest shards), so a device with no verified unit yet
@@ -87,7 +93,8 @@ def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",),
         policy = exposure.policy_current()
         available = [d for d in exposure.devices_annotated(available) if exposure.device_trusted(d, policy, now)]
     rows = [d for d in available
-            if d.pk not in abandoned and can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+            if d.pk not in abandoned and can_run(d, min_memory_bytes=min_memory_bytes, backends=backends,
+                                                 template=template)]
     measured = sorted(d.flops_per_s for d in rows if d.verified_total > 0 and d.flops_per_s > 0)
     probes = sorted(d.flops_per_s for d in rows if d.verified_total == 0)
     guess = measured[len(measured) // 2] if measured else (probes[len(probes) // 2] if probes else None)
@@ -297,8 +304,9 @@ def device_status(*, device: Device, now=None) -> dict:
     def amount(name: str, nanos: int) -> dict:  # as a result's answer says money: in nanos, and as shown
         return {f"{name}_nanos": nanos, name: money.format_money(nanos, currency)}
 
+    backends = [browser.BACKEND] if browser.is_browser(device) else list(device_resources(device))
     return {
-        "device": {"id": device.pk, "name": device.name, "backends": list(device_resources(device)),
+        "device": {"id": device.pk, "name": device.name, "backends": backends,
                    "registered_at": _iso(device.created_at), "last_seen_at": _iso(device.last_seen_at)},
         "reputation": {"verified_streak": device.verified_streak, "verified_total": device.verified_total,
                        "failures": device.failures, "quarantined": device.quarantined_at is not None,

@@ -16,7 +16,7 @@ from jobs import services as jobs
 from jobs.models import WorkUnit
 from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
 
-from . import credit, exposure, peers, reputation, selectors, tolerances
+from . import browser, credit, exposure, peers, reputation, selectors, tolerances
 from .authentication import token_hash, touch
 from .models import Device, DeviceEvent, Lease, PeerCheck
 
@@ -110,11 +110,13 @@ def unit_claim(*, device: Device, backends=None) -> Claim | None:
         raise InvalidInput(f"This device was registered with {', '.join(offered)} only, so it has no "
                            f"{', '.join(backends)} work to claim. Register it again on this machine (muninn-worker "
                            "register) if it has that now.", code="bad_backends", detail={"offered": offered})
-    check = peers.peer_check_lease(device=device, backends=list(resources))
+    # A browser re-trains no one's segments: peer checks are for devices of the checked unit's own arithmetic.
+    check = None if browser.is_browser(device) else peers.peer_check_lease(device=device, backends=list(resources))
     if check is not None:
         return Claim(None, None, check)
     with transaction.atomic():
-        unit = jobs.unit_lease(device_id=device.pk, resources=resources, trusted=exposure.device_is_trusted(device))
+        unit = jobs.unit_lease(device_id=device.pk, resources=resources, trusted=exposure.device_is_trusted(device),
+                               templates=browser.templates_for(device))
         if unit is None:
             held = jobs.units_held(device_id=device.pk)
             if held >= settings.MUNINN_MAX_LEASES_PER_DEVICE:

@@ -6,7 +6,9 @@ the worst relative distance it saw per template and segment length to `data/tole
 A segment passes when its distance is at most MULTIPLE × that envelope (never below the floor, which covers a
 validator with another thread count). Each template also has its segment length: the longest whose honest
 envelope stays far from every cheat the calibration tries and whose verification overhead stays within the
-goal (`segment_steps`). The envelopes also cover a real H100's segments against its CPU. Pure: reads one JSON file.
+goal (`segment_steps`). The envelopes also cover a real H100's segments against its CPU. A browser device's
+arithmetic (static/muninn/browser/, JavaScript) was measured on its own by bench/browser_training.py (the table's
+"browser" part): its segments are judged against the larger of the two envelopes. Pure: reads one JSON file.
 """
 from __future__ import annotations
 
@@ -44,9 +46,23 @@ def envelope(template: str, k: int) -> float:
     return measured[at]
 
 
-def tolerance(template: str, k: int) -> float:
+def browser_envelope(template: str, k: int) -> float:
+    """The envelope measured for browser arithmetic at k (0 where the browser tier has no measurement)."""
+    measured = table().get("browser", {}).get("templates", {}).get(template, {}).get("envelope", {})
+    measured = {int(steps): float(value) for steps, value in measured.items()}
+    if not measured:
+        return 0.0
+    return measured[min((steps for steps in measured if steps >= k), default=max(measured))]
+
+
+def tolerance(template: str, k: int, backend: str | None = None) -> float:
+    """How far a segment of k steps may land from the validator's. `backend` "browser": a browser device's,
+    judged against the larger of the template's envelope and the one measured for browser arithmetic."""
     data = table()
-    return max(float(data["floor"]), float(data["multiple"]) * envelope(template, k))
+    measured = envelope(template, k)
+    if backend == "browser":
+        measured = max(measured, browser_envelope(template, k))
+    return max(float(data["floor"]), float(data["multiple"]) * measured)
 
 
 def _template(template: str) -> dict:

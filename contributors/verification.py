@@ -26,7 +26,7 @@ from jobs.models import WorkUnit
 from muninn.errors import Conflict
 from muninn.failpoints import failpoint
 
-from . import challenges, checks, credit, peers, results, tolerances
+from . import browser, challenges, checks, credit, peers, results, tolerances
 from .models import PeerCheck, Receipt
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _check_segments(receipt: Receipt) -> Receipt:
     X, y = jobs.load_xy(unit.shard_sha256, key=job_selectors.job_data_key(unit.round.job))
     k = receipt.segment_steps
     bounds = segments.boundaries(jobs.unit_steps(unit), k)
-    tolerance = tolerances.tolerance(job.template, k)
+    tolerance = tolerances.tolerance(job.template, k, backend=browser.backend_of(receipt.device))
     report, failed, diverged = [], None, False
     for j in receipt.challenge_segments:
         start = _checkpoint(receipt, j)

@@ -27,7 +27,7 @@ from jobs.models import Job
 from jobs.selectors import job_waiting_reason
 from muninn.errors import MuninnError
 
-from . import install, reputation, selectors, services, wheel
+from . import browser, install, reputation, selectors, services, wheel
 from .admin import payout_evidence
 from .models import Device, DeviceEvent
 
@@ -80,6 +80,15 @@ def contribute(request):
         "form": AmountForm(initial={"amount": _whole_cents(balances.get(Account.Kind.CONTRIBUTOR_AVAILABLE, 0))}),
     }
     return render(request, "contributors/contribute.html", context)
+
+
+@role_required("contributor")
+def contribute_browser(request):
+    """Contribute with this browser: the page registers it as a device with the account token (as the worker
+    client's register command does) and runs the worker loop in JavaScript (static/muninn/browser/)."""
+    return render(request, "contributors/browser.html", {
+        "token": accounts.token_for(user=request.user), "templates": browser.TEMPLATES,
+        "max_memory": browser.MAX_MEMORY_BYTES})
 
 
 @require_POST

@@ -21,6 +21,7 @@ def _online_devices(job: Job) -> list[tuple[int, float]]:
     from contributors.selectors import device_capacities_online
 
     return device_capacities_online(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list,
+                                    template=job.template,
                                     trusted_only=job.dataset.sensitive)  # no shard reserved for whom it may not reach
 
 

@@ -118,3 +118,15 @@ def test_one_row_moved_as_a_relu_flip_moves_it_passes_but_the_same_move_spread_o
     assert _distance(one_row, validator, start) <= tolerance
     assert _distance(every_row, validator, start) > 100 * tolerance
     assert _distance(too_far, validator, start) > 0.1  # beyond the spared rows' cap: the whole distance counts
+
+
+def test_a_browser_segment_is_judged_against_the_larger_of_its_measured_envelope_and_the_templates(monkeypatch):
+    table = {"multiple": 10, "floor": 1e-5,
+             "templates": {"mlp": {"segment_steps": 8, "envelope": {"8": 2e-6, "32": 1e-5}}},
+             "browser": {"templates": {"mlp": {"envelope": {"8": 5e-6, "32": 4e-6}}}}}
+    monkeypatch.setattr(tolerances, "table", lambda: table)
+
+    assert tolerances.tolerance("mlp", 8) == pytest.approx(2e-5)
+    assert tolerances.tolerance("mlp", 8, backend="browser") == pytest.approx(5e-5)
+    assert tolerances.tolerance("mlp", 32, backend="browser") == pytest.approx(1e-4)
+    assert tolerances.tolerance("mlp", 8, backend="cpu") == pytest.approx(2e-5)

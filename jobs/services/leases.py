@@ -34,7 +34,7 @@ def units_held(*, device_id: int) -> int:
 
 
 def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int | None = None,
-               max_held: int | None = None, trusted: bool = False) -> WorkUnit | None:
+               max_held: int | None = None, trusted: bool = False, templates=None) -> WorkUnit | None:
     """Lease one queued unit the device can run (see _runnable_on): first one sized for it, then a
     straggler's backup (the round waits on it), then one nobody else has reserved; never a unit in its backoff
     after a refusal (nor, for a minute more, one refused from this device); never the backup of a
@@ -42,8 +42,8 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     LOCKED where the database has it, and the lease itself is a conditional update on the status. Nothing while
     the device already holds `max_held` units (MUNINN_MAX_LEASES_PER_DEVICE): a unit held is a unit nobody else
     can run. A unit of a sensitive dataset (Dataset.sensitive) only when `trusted`: the caller found the device
-    meets the site's trust level for such data (contributors.exposure). Returns the unit with its round and job
-    loaded."""
+    meets the site's trust level for such data (contributors.exposure). `templates`: only units of jobs of these
+    templates (a browser trains a few; None: any). Returns the unit with its round and job loaded."""
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
     max_held = max_held or settings.MUNINN_MAX_LEASES_PER_DEVICE
     now = timezone.now()
@@ -55,6 +55,8 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
         not_before__gt=now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS))
     if not trusted:  # one more condition on the job's dataset row, joined by its primary key
         queued = queued.filter(round__job__dataset__sensitive=False)
+    if templates is not None:
+        queued = queued.filter(round__job__template__in=list(templates))
     unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
     lease = {"status": WorkUnit.Status.LEASED, "leased_device_id": device_id,
              "lease_expires_at": now + timedelta(seconds=lease_seconds)}

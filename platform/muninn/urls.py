@@ -77,6 +77,7 @@ pages = [
     path("balance/", billing_views.balance, name="balance-page"),
     path("balance/topup", billing_views.topup, name="topup-page"),
     path("contribute/", contributors_views.contribute, name="contribute"),
+    path("contribute/browser/", contributors_views.contribute_browser, name="contribute-browser"),
     path("downloads/<str:filename>", contributors_views.worker_wheel, name="worker-wheel"),
     path("contribute/payouts/onboarding", contributors_views.payout_onboarding, name="payout-onboarding-page"),
     path("contribute/payouts/request", contributors_views.payout_request, name="payout-request-page"),
