@@ -122,8 +122,8 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         tier = pricing.device_tier(est.peak_memory_bytes)
     except pricing.TooBigForAnyTier as e:
         raise InvalidInput(f"This model is too big for any device: {e}.", code="too_big") from e
-    devices = (list(online_capacity(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends))
-               if online_capacity else [])
+    devices = (list(online_capacity(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends,
+                                    template=template)) if online_capacity else [])
     flops_per_round = est.flops_per_round
     if est.units_per_round:  # DiLoCo: the price counts the most units a round can have; the time, those online
         flops_per_round = flops_per_round // est.units_per_round * min(est.units_per_round, max(1, len(devices)))

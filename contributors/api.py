@@ -282,6 +282,14 @@ class HeartbeatView(DeviceView):
                          "lease_seconds": settings.MUNINN_LEASE_SECONDS})
 
 
+class GiveBackView(DeviceView):
+    @extend_schema(summary="Give back a unit this device will not finish (queued again at once for another device)",
+                   request=None, responses={200: schema.GivenBackSerializer, **UNIT_ERRORS})
+    def post(self, request, unit_id: int):
+        services.unit_give_back(device=request.auth, unit_id=unit_id)
+        return Response({"unit": unit_id, "given_back": True})
+
+
 # Every number a receipt carries is bounded before anything reaches the database (a 400 naming the field):
 # counts fit the columns that store them (PositiveIntegerField: 2**31 - 1), ids a bigint, losses and seconds a
 # range no honest run comes near. The unit then bounds them exactly (checks.check_receipt, check_chain).

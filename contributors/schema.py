@@ -92,6 +92,11 @@ class HeartbeatSerializer(serializers.Serializer):
     lease_seconds = serializers.IntegerField()
 
 
+class GivenBackSerializer(serializers.Serializer):
+    unit = serializers.IntegerField()
+    given_back = serializers.BooleanField()
+
+
 class ChallengeSerializer(serializers.Serializer):
     unit = serializers.IntegerField()
     segments = serializers.ListField(child=serializers.IntegerField())

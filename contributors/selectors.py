@@ -109,16 +109,18 @@ def capable_devices_seen(*, min_memory_bytes: int, backends) -> int:
     return sum(1 for d in seen if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends))
 
 
-def capacity_for(*, min_memory_bytes: int, backends, sensitive: bool = False) -> dict:
+def capacity_for(*, min_memory_bytes: int, backends, sensitive: bool = False, template: str | None = None) -> dict:
     """What the devices online offer a job with these needs, enough to tell its customer why it waits:
     `available` online and unquarantined devices, `capable` of them able to run it, `busy` of those holding a
     lease right now; `quarantined` online but quarantined devices, `quarantined_capable` of them able to run
     it; and the most RAM / GPU memory an available device offers. `sensitive`: the job's dataset is, so only
     the capable devices the site trusts with such data count as `capable` (and `busy`); `untrusted_capable` says how
-    many more could run it, and `trust_rule` is the rule in words (contributors.exposure)."""
+    many more could run it, and `trust_rule` is the rule in words (contributors.exposure). `template`: the job's,
+    which a browser may not train (contributors.browser)."""
     online = list(exposure.devices_annotated(devices_online()) if sensitive else devices_online())
     available = [d for d in online if d.quarantined_at is None]
-    capable = [d for d in available if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)]
+    capable = [d for d in available
+               if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends, template=template)]
     extra = {}
     if sensitive:
         policy, now = exposure.policy_current(), timezone.now()
@@ -132,7 +134,8 @@ def capacity_for(*, min_memory_bytes: int, backends, sensitive: bool = False) ->
     return {**extra, "capable": len(capable), "busy": busy, "available": len(available),
             "quarantined": len(quarantined),
             "quarantined_capable": sum(1 for d in quarantined
-                                       if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends)),
+                                       if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends,
+                                                  template=template)),
             "max_ram_bytes": max((d.memory_bytes for d in available), default=0),
             "max_gpu_memory_bytes": max((d.gpu_memory_bytes for d in available), default=0),
             "with_cuda": sum(1 for d in available if "cuda" in device_resources(d))}

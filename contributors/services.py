@@ -164,6 +164,18 @@ def unit_heartbeat(*, device: Device, unit_id: int):
     return jobs.unit_heartbeat(unit_id=unit.pk, lease_token=lease.token)
 
 
+def unit_give_back(*, device: Device, unit_id: int) -> None:
+    """The device gives back a unit it holds and will not finish (POST .../release): queued again at once for
+    another device (jobs.unit_give_back), instead of waiting out the lease. Unlike a lease left to expire this is
+    not held against the device (devices_record_abandoned): it said so, and the round loses no time. Conflict
+    (`lease_lost`, `already_done`, `unit_cancelled`) when the device does not hold it now."""
+    unit, lease = leased_unit(device=device, unit_id=unit_id)
+    if not jobs.unit_give_back(unit_id=unit.pk, lease_token=lease.token):
+        raise Conflict("This unit is not leased to this device (the lease expired, or it is someone else's).",
+                       code="lease_lost")
+    log.info("device %s gave back unit %s", device.pk, unit.pk)
+
+
 def devices_record_abandoned(abandoned: list[tuple[int, int]]) -> None:
     """Leases that expired without a result, [(unit id, device id), ...]: each is kept on its device's record, the
     device's verified streak is halved (it is checked more often again: a device that holds work and drops it is

@@ -12,6 +12,7 @@ urlpatterns = [
     path("units/<id:unit_id>/base", api.UnitBaseView.as_view(), name="worker-unit-base"),
     path("units/<id:unit_id>/heartbeat", api.HeartbeatView.as_view(), name="worker-unit-heartbeat"),
     path("units/<id:unit_id>/result", api.ResultView.as_view(), name="worker-unit-result"),
+    path("units/<id:unit_id>/release", api.GiveBackView.as_view(), name="worker-unit-release"),
     path("units/<id:unit_id>/checkpoints/<id:boundary>", api.CheckpointView.as_view(),
          name="worker-unit-checkpoint"),
     path("challenges", api.ChallengesView.as_view(), name="worker-challenges"),

@@ -221,7 +221,8 @@ def job_waiting(job: Job, capacity_for: Callable[..., dict]) -> Waiting | None:
     if job.status != Job.Status.RUNNING:
         return None
     sensitive = job.dataset.sensitive
-    capacity = capacity_for(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list, sensitive=sensitive)
+    capacity = capacity_for(min_memory_bytes=job.peak_memory_bytes, backends=job.backend_list, sensitive=sensitive,
+                            template=job.template)
     need = job_needs(job)
     limit = (f"It waits up to {span(settings.MUNINN_JOB_WAIT_LIMIT)} for one, then fails and the unused hold is "
              "released; you can cancel it at any time.")

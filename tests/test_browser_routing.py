@@ -9,6 +9,7 @@ from muninn_worker import signing
 from accounts import services as accounts
 from contributors import browser, selectors
 from contributors import services as contributors
+from jobs import selectors as job_selectors
 from jobs import services as jobs
 from jobs.models import Job, WorkUnit
 
@@ -93,3 +94,17 @@ def test_the_contribute_with_this_browser_page_runs_its_scripts_from_the_site(co
     assert '<script type="module" src="/static/muninn/browser/page.js">' in html
     assert 'data-worker="/static/muninn/browser/worker.js"' in html
     assert "<script>" not in html  # nothing inline: the Content-Security-Policy allows none
+
+
+def test_a_job_a_browser_cannot_train_does_not_count_it_as_capable(customer, contributor):
+    device = _device(contributor, BROWSER, "tab")
+    cnn = Job.objects.get(pk=_queued_unit(customer, template="cnn").round.job_id)
+    mlp = Job.objects.get(pk=_queued_unit(customer).round.job_id)
+
+    for_cnn = selectors.capacity_for(min_memory_bytes=0, backends=["cpu"], template=cnn.template)
+    for_mlp = selectors.capacity_for(min_memory_bytes=0, backends=["cpu"], template=mlp.template)
+
+    assert for_cnn["capable"] == 0 and for_mlp["capable"] == 1  # the waiting message and the job page say so
+    waiting = job_selectors.job_waiting(cnn, selectors.capacity_for)
+    assert waiting is not None and waiting.without_device, waiting
+    assert device.pk in [d for d, _ in selectors.device_capacities_online(template="mlp")]

@@ -24,7 +24,7 @@ from .leases import (
 )
 from .units import (
     unit_train_spec, unit_steps, unit_work_samples, SUPERSEDED, unit_accept, unit_verified,
-    unit_backoff_seconds, unit_release, unit_reject, units_flag, units_unflag,
+    unit_backoff_seconds, unit_give_back, unit_release, unit_reject, units_flag, units_unflag,
 )
 from .waiting import jobs_check_waiting
 from .predictions import prediction_batch_create, prediction_batch_run, prediction_batches_stalled
@@ -64,6 +64,7 @@ __all__ = [
     "units_unflag",
     "unit_verified",
     "unit_backoff_seconds",
+    "unit_give_back",
     "unit_release",
     "unit_reject",
     "jobs_check_waiting",

@@ -148,6 +148,19 @@ def unit_release(*, unit_id: int, lease_token: uuid.UUID) -> bool:
     return True
 
 
+def unit_give_back(*, unit_id: int, lease_token: uuid.UUID) -> bool:
+    """The lease holder gives the unit back before a result (its machine is shutting down, a browser tab closed):
+    the unit is queued again at once, open to any device, as if never leased: no backoff (nothing was refused)
+    and no reservation. False when that lease is no longer the unit's."""
+    with transaction.atomic():
+        given = WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.LEASED, lease_token=lease_token).update(
+            status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
+            reserved_until=None)
+        if given:
+            wakeups.units_queued_on_commit()
+    return bool(given)
+
+
 def unit_reject(*, unit_id: int) -> WorkUnit:
     """A check disagreed (or the result could not be used): drop the result and queue the unit again, open to
     any device, after its backoff."""

@@ -29,10 +29,11 @@ def jobs_check_waiting(*, capacity_for: Callable[..., dict], now: datetime | Non
     limit = settings.MUNINN_JOB_WAIT_LIMIT
     asked: dict[tuple, dict] = {}
 
-    def capacity(*, min_memory_bytes: int, backends, sensitive: bool = False) -> dict:  # asked once per sweep
-        key = (min_memory_bytes, tuple(backends), sensitive)
+    def capacity(*, min_memory_bytes: int, backends, sensitive: bool = False, template: str | None = None) -> dict:
+        key = (min_memory_bytes, tuple(backends), sensitive, template)  # asked once per sweep
         if key not in asked:
-            asked[key] = capacity_for(min_memory_bytes=min_memory_bytes, backends=backends, sensitive=sensitive)
+            asked[key] = capacity_for(min_memory_bytes=min_memory_bytes, backends=backends, sensitive=sensitive,
+                                      template=template)
         return asked[key]
 
     failed = []

@@ -168,6 +168,17 @@ class ApiClient:
         response = self._request("POST", f"/api/worker/units/{int(unit_id)}/heartbeat", json={})
         return self._json(response)
 
+    def give_back(self, unit_id: int) -> bool:
+        """POST /api/worker/units/<id>/release: this device will not finish the unit, so it is queued again at once
+        for another device instead of waiting out the lease. One quick attempt, never raising: True when the
+        site took it back (False: the lease was gone already, an older site, or no answer)."""
+        try:
+            response = self._session().post(f"{self.server_url}/api/worker/units/{int(unit_id)}/release",
+                                            headers=self._headers("device"), timeout=5)
+        except NETWORK_ERRORS:
+            return False
+        return response.status_code == 200
+
     def submit_result(self, unit_id: int, weights_bytes: bytes, receipt: dict) -> dict:
         """POST the trained weights (multipart `weights`) with the JSON `receipt` and its signature.
 

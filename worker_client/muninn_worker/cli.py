@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -79,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc.message}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted; a unit in progress goes back to the queue when its lease expires",
-              file=sys.stderr)
+        print(f"\n{PROG}: interrupted; a unit in progress was given back to the site (or goes back to the queue "
+              "when its lease expires)", file=sys.stderr)
         return 130
 
 
@@ -131,6 +132,10 @@ def _registered(args: argparse.Namespace):
     return config, server
 
 
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config, server = _registered(args)
     cache_dir = first_set(args.cache_dir, os.environ.get(ENV_CACHE_DIR), config.cache_dir) or str(default_cache_dir())
@@ -142,6 +147,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     backends = _gpu_only_backends() if args.gpu_only else None
 
     from muninn_worker.runner import DeviceRejected, run
+
+    signal.signal(signal.SIGTERM, _interrupted)  # a service manager's stop ends a unit as Ctrl-C does: given back
 
     log.info("muninn-worker %s: device %s on %s, cache %s", __version__, config.device_id, client.server_url,
              cache_dir)

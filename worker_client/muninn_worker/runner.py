@@ -161,7 +161,7 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
                   numerics: str = "native") -> bool:
     """Do one unit end to end; True when the site accepted the result. Never raises for a unit's failure."""
     unit_id = unit.get("id", "?")
-    store = None
+    store, uploaded = None, False
     try:
         spec = _UnitSpec.from_claim(unit)
         log.info("claimed unit %s job %s round %s (%d samples)", spec.id, spec.job, spec.round, spec.samples)
@@ -172,6 +172,7 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
             result = _train(spec, weights, shard, heartbeat, base, store, numerics)
             heartbeat.check()
             answer = _upload(client, spec, unit, result, bytes_to_state_dict(weights), store)
+        uploaded = True
         if isinstance(answer.get("challenge"), dict):
             challenge = answer["challenge"]
             log.info("unit %s: the site checks segment(s) %s; uploading checkpoints %s", spec.id,
@@ -181,19 +182,25 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
         _record(answer, spec.id, stats)
         return True
     except KeyboardInterrupt:
-        log.warning("interrupted during unit %s; its lease will expire on the server", unit_id)
+        if not uploaded and isinstance(unit_id, int) and client.give_back(unit_id):
+            log.warning("interrupted during unit %s; gave it back to the site for another device", unit_id)
+        else:
+            log.warning("interrupted during unit %s; its lease will expire on the server", unit_id)
         raise
     except _LeaseLost as exc:
         log.warning("unit %s: lease lost (%s); moving on", unit_id, exc)
     except NetworkError as exc:
         log.warning("unit %s: %s; giving it up", unit_id, exc)
+        _give_back(client, unit_id, uploaded)
     except ApiError as exc:
         if exc.status == 409:
             log.warning("unit %s: lease lost or unit already done (%s); moving on", unit_id, exc.message)
         else:
             log.error("unit %s: the server refused it: %s", unit_id, exc)
+            _give_back(client, unit_id, uploaded)
     except (ValueError, RuntimeError) as exc:  # bad bytes, wrong shapes, unknown template, torch errors
         log.error("unit %s failed: %s", unit_id, exc)
+        _give_back(client, unit_id, uploaded)
     finally:
         if store is not None:
             store.discard()  # answered, not challenged, or given up: the site needs none of them any more
@@ -289,6 +296,13 @@ def _check_dtypes(expected: dict[str, torch.Tensor], incoming: dict[str, torch.T
     for key, tensor in incoming.items():
         if key in expected and tensor.dtype != expected[key].dtype:
             raise ValueError(f"global weights {key!r} are {tensor.dtype}, the model expects {expected[key].dtype}")
+
+
+def _give_back(client: ApiClient, unit_id, uploaded: bool) -> None:
+    """A unit given up before its result: hand it back so that another device takes it now (a refused upload
+    already put it back: the site released it)."""
+    if not uploaded and isinstance(unit_id, int) and client.give_back(unit_id):
+        log.info("unit %s given back to the site for another device", unit_id)
 
 
 def _record(answer: dict, unit_id: int, stats: RunStats) -> None:

@@ -56,6 +56,7 @@ export class WorkerApi {
 
   claim(wait) { return this.json("/api/worker/claim", { method: "POST", json: { wait }, attempts: 3 }); }
   me() { return this.json("/api/worker/me"); }
+  giveBack(unitId) { return this.json(`/api/worker/units/${unitId}/release`, { method: "POST", attempts: 1 }); }
   heartbeat(unitId) { return this.json(`/api/worker/units/${unitId}/heartbeat`, { method: "POST", json: {}, attempts: 2 }); }
 
   result(unitId, upload, receiptText, signature) {

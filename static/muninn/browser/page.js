@@ -1,7 +1,7 @@
 // /contribute/browser/: register this browser as a device (once: the key pair and the device token stay in this
 // browser's IndexedDB), probe it, and run the worker loop (worker.js) in a Web Worker, showing its progress and
-// the device's earnings. Closing the tab stops the worker: a unit it held goes back to the queue when its lease
-// expires.
+// the device's earnings. Closing the tab stops the worker and gives back the unit it held (POST .../release), so
+// another device takes it at once.
 
 import { loadDevice, newKeyPair, publicKeyBase64, saveDevice, forgetDevice } from "./keys.js";
 
@@ -9,7 +9,7 @@ const root = document.getElementById("browser-contributor");
 const $ = (id) => document.getElementById(id);
 const server = location.origin;
 const storageKey = `${server}|${root.dataset.user}`;
-let worker = null, paused = false, unitsDone = 0;
+let worker = null, paused = false, unitsDone = 0, deviceToken = null, unitInHand = null;
 
 function show(id, text) { $(id).textContent = text; }
 
@@ -46,12 +46,15 @@ function onMessage(event) {
   const m = event.data;
   if (m.type === "status") show("browser-status", m.text);
   else if (m.type === "unit") {
+    unitInHand = m.unit.id;
     show("unit-in-progress", `Unit ${m.unit.id} of job ${m.unit.job}, round ${m.unit.round} (${m.unit.template}, ${m.unit.samples} samples)`);
     $("unit-progress").value = 0;
   } else if (m.type === "progress") {
     $("unit-progress").max = m.steps; $("unit-progress").value = m.done;
     show("unit-steps", `${m.done} / ${m.steps} steps`);
-  } else if (m.type === "done") {
+  } else if (m.type === "done" || m.type === "given-up") {
+    unitInHand = null;
+    if (m.type === "given-up") return;
     unitsDone += 1;
     show("units-done", String(unitsDone));
     const outcome = m.status === "pending" ? "uploaded, its check is running" : m.status;
@@ -95,6 +98,7 @@ async function start() {
   show("device-name", `${device.name} (#${device.deviceId})`);
   root.dataset.device = String(device.deviceId);
   root.dataset.state = "running";
+  deviceToken = device.token;
   worker.postMessage({ type: "start", server, token: device.token, keyPair: device.keyPair });
 }
 
@@ -106,7 +110,16 @@ $("pause-button").addEventListener("click", () => {
   if (!paused) show("browser-status", "Resumed");
 });
 
-// Closing the tab ends the worker; the site re-queues a unit it held when the lease expires.
-addEventListener("pagehide", () => { worker?.postMessage({ type: "stop" }); worker?.terminate(); });
+// Closing the tab ends the worker and gives back the unit in hand: `keepalive` lets the request outlive the page.
+addEventListener("pagehide", () => {
+  worker?.postMessage({ type: "stop" });
+  worker?.terminate();
+  if (unitInHand !== null && deviceToken) {
+    fetch(`/api/worker/units/${unitInHand}/release`, {
+      method: "POST", keepalive: true, credentials: "omit", headers: { Authorization: `Device ${deviceToken}` },
+    }).catch(() => {});
+    unitInHand = null;
+  }
+});
 
 start().catch((error) => { show("browser-error", String(error.message || error)); show("browser-status", "Stopped"); root.dataset.state = "stopped"; });

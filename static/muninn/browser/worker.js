@@ -81,6 +81,7 @@ async function loop(api, keyPair) {
       await work(api, keyPair, answer.unit);
     } catch (error) {
       post({ type: "error", message: `Unit ${answer.unit.id}: ${error.message}`, code: error.code });
+      post({ type: "given-up", unit: answer.unit.id });
       await sleep(2000);
     }
     await refresh(api);
@@ -101,6 +102,7 @@ async function work(api, keyPair, unit) {
   post({ type: "unit", unit: { id: unit.id, job: unit.job, round: unit.round, template: unit.template, samples: unit.samples } });
   if (!TEMPLATES.includes(unit.template)) throw new Error(`this browser does not train ${unit.template} units`);
   const beat = setInterval(() => api.heartbeat(unit.id).catch(() => {}), Math.max(5, unit.lease_seconds / 3) * 1000);
+  let uploaded = false;
   try {
     post({ type: "status", text: `Downloading unit ${unit.id}` });
     const weights = await download(api, `/api/worker/units/${unit.id}/weights`, unit.weights_sha256);
@@ -112,6 +114,7 @@ async function work(api, keyPair, unit) {
     post({ type: "status", text: `Uploading unit ${unit.id}` });
     const receiptText = JSON.stringify(trained.receipt);
     const signature = await sign(keyPair, new TextEncoder().encode(receiptText));
+    uploaded = true; // from here on the site has the result (or refused it and queued the unit again)
     let answer = await api.result(unit.id, trained.upload, receiptText, signature);
     if (answer.challenge) {
       post({ type: "status", text: `Answering the check of unit ${unit.id}` });
@@ -121,6 +124,9 @@ async function work(api, keyPair, unit) {
     }
     post({ type: "done", unit: unit.id, status: answer.status, samples: trained.samples,
            samplesPerS: trained.samples * (unit.train.epochs || 1) / Math.max(trained.trainSeconds, 1e-6) });
+  } catch (error) {
+    if (!uploaded) await api.giveBack(unit.id).catch(() => {}); // another device takes it now, not at lease expiry
+    throw error;
   } finally {
     clearInterval(beat);
   }
