@@ -17,3 +17,11 @@ def test_standard_library_platform_still_imports_from_the_repository_root(python
     system, path = out.stdout.split()
     assert system == "Linux"
     assert not path.startswith(str(ROOT))
+
+
+def test_every_celery_process_warms_torch_up_when_it_starts():
+    from celery.signals import worker_process_init
+
+    from muninn import celery
+
+    assert any(receiver() is celery._warm_up_torch for _, receiver in worker_process_init.receivers)

@@ -31,7 +31,7 @@ from muninn_worker.pause import Gate
 from muninn_worker.receipt import build_receipt, utc_now_iso
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex
 from muninn_worker.segments import Checkpoint
-from muninn_worker.training import TrainResult, deterministic_cuda, train_local
+from muninn_worker.training import TrainResult, deterministic_cuda, train_local, warm_up
 from muninn_worker.zoo import build_model, get_template, load_base
 
 __all__ = ["run", "RunStats", "DeviceRejected"]
@@ -94,6 +94,7 @@ def run(
     units of those backends only."""
     if threads is not None:
         torch.set_num_threads(max(1, min(threads, torch.get_num_threads())))
+    log.debug("torch warmed up in %.2f s", warm_up())  # before the first claim: a round never waits on it
     cache = ContentCache(cache_dir)
     answer_open_challenges(client, cache.root)
     stats = RunStats()

@@ -132,6 +132,22 @@ def train_local(
     )
 
 
+def warm_up() -> float:
+    """Pay torch's first-use costs now, not inside a round: a process's first training step costs about a second
+    more than the next (lazy initialisation in autograd and the optimizers), which a unit's or a re-execution's
+    first round would otherwise wait on. Trains a tiny mlp a few steps; returns the seconds it took."""
+    from muninn_worker import zoo  # the templates are imported when needed, not with training
+
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):  # building the model draws its initial weights: not from our stream
+        generator = torch.Generator().manual_seed(0)
+        model = zoo.build_model("mlp", {"in_features": 8, "num_classes": 2, "hidden": [8]})
+        X, y = torch.randn(64, 8, generator=generator), torch.randint(0, 2, (64,), generator=generator)
+        train_local(model, X, y, epochs=1, batch_size=16, lr=0.01, momentum=0.9, seed=0, segment_steps=2,
+                    on_boundary=lambda index, checkpoint: None)
+    return time.perf_counter() - started
+
+
 def train_segment(
     model: nn.Module,
     X: Tensor,
