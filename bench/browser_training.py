@@ -25,7 +25,6 @@ import datetime
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch

@@ -20,7 +20,7 @@ from muninn.errors import InvalidInput, MuninnError
 from muninn_worker import zoo
 from muninn_worker.federated import algorithms
 
-from . import money, payments, pricing, selectors, services, stripe_gateway
+from . import money, payments, selectors, services, stripe_gateway
 from .forms import AmountForm, CreditForm
 from .models import Account, Quote
 

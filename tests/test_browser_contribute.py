@@ -9,8 +9,6 @@ import os
 import time
 
 import pytest
-from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 from playwright import sync_api as playwright_sync
 
@@ -24,11 +22,10 @@ from contributors import browser as browser_tier
 from contributors import tolerances
 from contributors.models import Device, Receipt
 from jobs.models import Job
-from muninn.celery import app as celery_app
-from scripts.stack import ROOT, Stack, base_env, free_port
+from scripts.stack import ROOT, free_port
 
 from .conftest import digits_npz
-from .test_e2e import customer_session, database_url, wait_until_ended, wait_until_polling
+from .test_e2e import customer_session, live_stack, wait_until_ended, wait_until_polling
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 CHROMIUM = "/usr/bin/chromium"
@@ -40,16 +37,7 @@ PASSWORD = "a-long-pass-phrase"
 def stack(tmp_path):
     """The site's processes on the test's database, pricing work high enough that a small job's earnings show
     in cents (as tests/test_browser.py does)."""
-    if connection.vendor != "postgresql" or not settings.CELERY_BROKER_URL.startswith("redis://"):
-        pytest.fail("the browser tests need PostgreSQL and Redis: run them through `make test`")
-    celery_app.conf.task_always_eager = False
-    with celery_app.connection_for_write() as conn:  # drop messages a previous run may have left behind
-        for queue in ("celery", "validation"):
-            conn.default_channel.queue_purge(queue)
-    env = base_env(DATABASE_URL=database_url(), CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
-                   MEDIA_ROOT=str(settings.MEDIA_ROOT), MUNINN_VAR_DIR=str(tmp_path / "var"), DEBUG="1",
-                   MUNINN_LEASE_SECONDS="30", LOG_LEVEL="INFO", MUNINN_PRICE_PER_HU="100000000")
-    with Stack(env=env, log_dir=tmp_path / "log") as running:
+    with live_stack(tmp_path, MUNINN_PRICE_PER_HU="100000000") as running:
         yield running
 
 

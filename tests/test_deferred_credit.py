@@ -15,7 +15,6 @@ from billing.models import Entry, Transaction
 from contributors import credit, reputation, tasks
 from contributors import services as contributors
 from contributors.models import Device, Receipt
-from jobs import services as jobs
 from jobs.models import Job, WorkUnit
 
 from . import invariants

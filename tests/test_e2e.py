@@ -3,6 +3,9 @@ talking HTTP, all on the test's PostgreSQL database."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import requests
@@ -32,18 +35,26 @@ def database_url() -> str:
     return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-@pytest.fixture
-def stack(tmp_path):
+@contextmanager
+def live_stack(tmp_path: Path, **env: str) -> Iterator[Stack]:
+    """The site's processes (started by the test: Stack.web, celery_worker, ...) on the test's database and Redis,
+    the Celery queues emptied of what an earlier run left; `env` adds to or overrides their settings."""
     if connection.vendor != "postgresql" or not settings.CELERY_BROKER_URL.startswith("redis://"):
-        pytest.fail("the end-to-end test needs PostgreSQL and Redis: run it through `make test`")
+        pytest.fail("the end-to-end tests need PostgreSQL and Redis: run them through `make test`")
     celery_app.conf.task_always_eager = False
     with celery_app.connection_for_write() as conn:  # drop messages a previous run may have left behind
         for queue in ("celery", "validation"):
             conn.default_channel.queue_purge(queue)
-    env = base_env(DATABASE_URL=database_url(), CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
-                   MEDIA_ROOT=str(settings.MEDIA_ROOT), MUNINN_VAR_DIR=str(tmp_path / "var"), DEBUG="1",
-                   MUNINN_LEASE_SECONDS="30", LOG_LEVEL="INFO")
-    with Stack(env=env, log_dir=tmp_path / "log") as running:
+    with Stack(env=base_env(**{
+            "DATABASE_URL": database_url(), "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "MEDIA_ROOT": str(settings.MEDIA_ROOT), "MUNINN_VAR_DIR": str(tmp_path / "var"), "DEBUG": "1",
+            "MUNINN_LEASE_SECONDS": "30", "LOG_LEVEL": "INFO", **env}), log_dir=tmp_path / "log") as running:
+        yield running
+
+
+@pytest.fixture
+def stack(tmp_path):
+    with live_stack(tmp_path) as running:
         yield running
 
 

@@ -49,7 +49,7 @@ def test_two_web_servers_and_two_celery_workers_run_a_job_for_devices_on_both(tm
                   DEBUG="1", SECRET_KEY="many-hosts-shared-secret", MUNINN_LEASE_SECONDS="30", LOG_LEVEL="INFO")
     if broker == "redis":  # the rate limits count across both servers
         base, _, db = settings.CELERY_BROKER_URL.rpartition("/")
-        shared["CACHE_URL"] = f"{base}/{int(db or 0) + 3}"  # beside the broker (tests/parallel.py)
+        shared["CACHE_URL"] = f"{base}/{(int(db or 0) + 3) % 16}"  # beside the broker (tests/parallel.py)
     else:  # nothing of Redis: the wake-ups' carrier is each host's own stamp file
         shared["MUNINN_WAKEUP_REDIS_URL"] = ""
 

@@ -9,7 +9,6 @@ import ast
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
