@@ -1,6 +1,8 @@
 """Celery tasks of contributors/: segment checks run on their own queue ("validation"), inside the trust
 boundary, so that checking work never waits behind round tasks. Beat's wait-limit check lives here too: it
 tells jobs/ which devices could run each job, which jobs/ cannot ask itself."""
+import logging
+
 from celery import shared_task
 from django.db import transaction
 from django.dispatch import receiver
@@ -9,6 +11,8 @@ from jobs import services as jobs
 
 from . import challenges, credit, peers, selectors, verification
 from .signals import credit_due, reexecution_due
+
+log = logging.getLogger(__name__)
 
 
 @receiver(reexecution_due, dispatch_uid="contributors.verify_on_commit")
@@ -45,6 +49,8 @@ def sweep_pending_verifications() -> None:
     """Challenges unanswered past their deadline fail; checks whose task was lost are enqueued again."""
     challenges.challenges_expire()
     for unit_id in verification.pending_units():
+        log.warning("unit %s: its result's check has not finished (a lost or killed task, or a long queue); "
+                    "enqueued again", unit_id)
         verify_unit.delay(unit_id)
     for unit_id in peers.peer_checks_sweep():  # no peer came: the site's validator decides
         verify_unit.delay(unit_id)

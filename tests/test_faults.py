@@ -384,6 +384,35 @@ def test_celery_worker_killed_mid_credit_every_accepted_unit_is_charged_once(sit
         assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=receipt.unit_id).count() == 1
 
 
+def test_celery_worker_killed_mid_check_the_unit_is_neither_lost_nor_credited_twice(site):
+    """A new device's result is answered at once and checked afterwards (its segment re-executed by a task):
+    killed before the check's transaction commits, the receipt stays pending, and beat's sweep checks it again
+    (verification.pending_units): accepted once, charged once, nothing lost."""
+    worker = site.replace_celery_worker(MUNINN_FAILPOINTS="verify.before_commit=1*sleep:300")
+    seen: dict = {}
+
+    def kill_mid_check(s: Scenario) -> None:
+        s.stack.wait_for_log(worker, "failpoint verify.before_commit reached", timeout=120)
+        seen["pending"] = list(Receipt.objects.filter(unit__round__job_id=s.job_id, status=Receipt.Status.PENDING)
+                               .values_list("unit_id", flat=True))
+        s.stack.stop(worker, signal.SIGKILL)  # the check's transaction dies uncommitted, its message unacked
+        site.replace_celery_worker()
+
+    try:
+        s = run_scenario(site, kill_mid_check, rounds=2)
+    finally:
+        if site.worker_name == worker:
+            site.replace_celery_worker()
+
+    assert seen["pending"]  # the check the kill interrupted had not decided its receipt
+    for unit_id in seen["pending"]:
+        assert Receipt.objects.filter(unit_id=unit_id, status=Receipt.Status.ACCEPTED).count() == 1
+        assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit_id).count() == 1
+    # The killed worker's message comes back only after the broker's visibility timeout: beat's sweeper did it.
+    assert "check has not finished (a lost or killed task, or a long queue); enqueued again" in site.stack.log(
+        site.worker_name), site.logs()
+
+
 def test_redis_restarted_mid_round_lost_messages_are_recovered(site):
     def restart_redis(s: Scenario) -> None:
         # Freeze the Celery worker while round 1's results come in, so their re-execution tasks wait in Redis...
