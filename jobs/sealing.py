@@ -26,14 +26,21 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from muninn.errors import MuninnError
+
 MAGIC = b"MSB1"  # "Muninn sealed blob", version 1
 WRAP_MAGIC = b"MWK1"  # a wrapped dataset key, version 1
 NONCE_BYTES = 12
 KEY_BYTES = 32
 
 
-class SealError(Exception):
-    """A sealed blob or wrapped key that does not open: the wrong key, or bytes changed in storage."""
+class SealError(MuninnError):
+    """A sealed blob or wrapped key that does not open: the wrong key, or bytes changed in storage. The site's
+    fault, never the caller's: a request that meets it is answered 503 `data_unreadable` (and logged), and
+    nothing is recorded or changed."""
+
+    code = "data_unreadable"
+    status = 503
 
 
 def site_data_key() -> bytes:

@@ -309,3 +309,19 @@ def test_base_weights_cannot_be_marked_sensitive(customer_api):
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "sensitive_weights"
     assert not Dataset.objects.exists()
+
+
+def test_a_shard_the_site_cannot_open_is_a_503_not_served_nor_logged(customer_api, make_device, settings):
+    create_job(customer_api, upload(customer_api, sensitive=True, rows=300)["id"], rounds=1)
+    device = make_device()
+    make_trusted(device)
+    unit = claimed_unit(device)
+    settings.MUNINN_DATA_KEY = "A" * 43 + "="  # the operator changed the site's data key: no dataset key opens
+
+    response = device.client.get(f"/api/worker/units/{unit.pk}/shard")
+
+    assert response.status_code == 503, response.content
+    error = response.json()["error"]
+    assert error["code"] == "data_unreadable" and "MUNINN_DATA_KEY" in error["message"]
+    assert not ShardDownload.objects.exists()
+    assert not Device.objects.get(pk=device.device.pk).events.exists()  # not the device's fault

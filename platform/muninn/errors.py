@@ -5,6 +5,7 @@ exceptions into that shape with a fitting status.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -14,6 +15,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
 from rest_framework.views import exception_handler
+
+
+log = logging.getLogger(__name__)
 
 
 class MuninnError(Exception):
@@ -69,6 +73,8 @@ def _first_message(detail: Any) -> str:
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, MuninnError):
+        if exc.status >= 500:  # the site's own fault (e.g. sealing.SealError): the operator must hear of it
+            log.error("%s: %s %s", exc.code, context["request"].path if context.get("request") else "", exc.message)
         return Response(error_body(exc.code, exc.message, exc.detail), status=exc.status)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
