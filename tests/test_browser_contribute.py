@@ -20,8 +20,8 @@ from billing import services as billing
 from billing.models import Account
 from contributors import browser as browser_tier
 from contributors import tolerances
-from contributors.models import Device, Receipt
-from jobs.models import Job
+from contributors.models import Device, DeviceEvent, Receipt
+from jobs.models import Job, WorkUnit
 from scripts.stack import ROOT, free_port
 
 from .conftest import digits_npz
@@ -188,3 +188,28 @@ def test_a_browser_whose_script_scales_its_updates_is_refused(stack, market, chr
     assert check["passed"] is False
     assert check["tolerance"] == tolerances.tolerance("mlp", refused.segment_steps, backend=browser_tier.BACKEND)
     assert max(s["distance"] for s in check["segments"]) > 100 * check["tolerance"], check
+
+
+def test_closing_the_tab_gives_back_the_unit_in_hand(stack, market, chromium):
+    url = stack.web(free_port())
+    stack.celery_worker()
+    started = timezone.now()
+    page = open_contribute_page(chromium, url, "erin")
+    device = wait_for_browser_device(page, market["erin"], started)
+    held = []  # the shard's download never answers: the unit stays in the tab's hands
+    page.context.route("**/api/worker/units/*/shard", lambda route: held.append(route))
+
+    job = start_job(url, market["customer"], rounds=1)
+    deadline = time.monotonic() + 60
+    while not held:
+        assert time.monotonic() < deadline, page_state(page)
+        page.wait_for_timeout(200)
+    unit = WorkUnit.objects.get(round__job_id=job["id"], status=WorkUnit.Status.LEASED, leased_device_id=device.pk)
+
+    page.close()  # the tab closes: its pagehide gives the unit back (a keepalive request outlives the page)
+
+    deadline = time.monotonic() + 10  # well inside the 30 s lease: only the give-back queues it this soon
+    while WorkUnit.objects.get(pk=unit.pk).status != WorkUnit.Status.QUEUED:
+        assert time.monotonic() < deadline, stack.log("web")[-3000:]
+        time.sleep(0.2)
+    assert not DeviceEvent.objects.filter(device=device, kind=DeviceEvent.Kind.ABANDONED).exists()
