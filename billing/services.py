@@ -138,8 +138,8 @@ def quote_issue(*, customer, dataset, template: str, hparams: dict, rounds: int,
         price_per_hu=rate,
         currency=settings.MUNINN_CURRENCY,
         peak_memory_bytes=est.peak_memory_bytes, device_tier=tier.name, devices_online=len(devices),
-        devices_recent=(recent_capable(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends)
-                        if recent_capable else None),
+        devices_recent=(recent_capable(min_memory_bytes=est.peak_memory_bytes, backends=plan.backends,
+                                       template=template) if recent_capable else None),
         expected_seconds=pricing.expected_wall_seconds(
             flops_per_round=flops_per_round, rounds=rounds, device_flops_per_s=[speed for _, speed in devices],
             round_overhead_seconds=settings.MUNINN_ROUND_OVERHEAD_SECONDS),

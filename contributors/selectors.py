@@ -101,12 +101,13 @@ def device_capacities_online(*, min_memory_bytes: int = 0, backends=("cpu",),
     return [(d.pk, d.flops_per_s if d.verified_total > 0 else guess) for d in rows]
 
 
-def capable_devices_seen(*, min_memory_bytes: int, backends) -> int:
-    """How many unquarantined devices able to run a job with these needs were seen within
-    MUNINN_DEVICE_RECENT_SECONDS (online now or lately): none means a job of this kind would likely wait."""
+def capable_devices_seen(*, min_memory_bytes: int, backends, template: str | None = None) -> int:
+    """How many unquarantined devices able to run a job with these needs (of this template: a browser trains a
+    few) were seen within MUNINN_DEVICE_RECENT_SECONDS (online now or lately): none means a job of this kind
+    would likely wait."""
     since = timezone.now() - timedelta(seconds=settings.MUNINN_DEVICE_RECENT_SECONDS)
     seen = Device.objects.filter(is_active=True, quarantined_at__isnull=True, last_seen_at__gte=since)
-    return sum(1 for d in seen if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends))
+    return sum(1 for d in seen if can_run(d, min_memory_bytes=min_memory_bytes, backends=backends, template=template))
 
 
 def capacity_for(*, min_memory_bytes: int, backends, sensitive: bool = False, template: str | None = None) -> dict:

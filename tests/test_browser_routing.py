@@ -108,3 +108,6 @@ def test_a_job_a_browser_cannot_train_does_not_count_it_as_capable(customer, con
     waiting = job_selectors.job_waiting(cnn, selectors.capacity_for)
     assert waiting is not None and waiting.without_device, waiting
     assert device.pk in [d for d, _ in selectors.device_capacities_online(template="mlp")]
+    # and a quote's "seen lately" count, which warns a customer whose job would wait
+    assert selectors.capable_devices_seen(min_memory_bytes=0, backends=["cpu"], template="cnn") == 0
+    assert selectors.capable_devices_seen(min_memory_bytes=0, backends=["cpu"], template="mlp") == 1
