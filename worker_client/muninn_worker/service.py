@@ -27,6 +27,7 @@ TASK_NAME = "Muninn worker"
 # Exit statuses after which starting again cannot help: refused by the site (1), a mistake in the options or
 # config (2), a client too old for the site (3).
 FINAL_EXITS = (1, 2, 3)
+INTERRUPTED_EXIT = 130  # Ctrl-C or SIGTERM (cli.main)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ def systemd_unit(command: Sequence[str], environment: Mapping[str, str]) -> str:
         "Restart=on-failure",
         "RestartSec=30",
         f"RestartPreventExitStatus={' '.join(str(s) for s in FINAL_EXITS)}",
+        # `systemctl --user stop` sends SIGTERM: the client gives its unit back and exits 130, a clean stop
+        f"SuccessExitStatus={INTERRUPTED_EXIT}",
         "",
         "[Install]",
         "WantedBy=default.target",

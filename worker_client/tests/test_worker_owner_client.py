@@ -113,6 +113,7 @@ def test_the_systemd_unit_runs_the_command_and_does_not_restart_after_a_refusal(
     assert ('ExecStart="/opt/py 3/bin/python" -m muninn_worker run --schedule 22:00-07:00 --cache-dir /tmp/100%%\n'
             in unit)
     assert "Environment=PYTHONUNBUFFERED=1\n" in unit and "RestartPreventExitStatus=1 2 3\n" in unit
+    assert "SuccessExitStatus=130\n" in unit
     assert unit.endswith("[Install]\nWantedBy=default.target\n")
 
 
