@@ -41,18 +41,19 @@ def segment_steps_for(template: str, unit_steps: int) -> int:
 def envelope(template: str, k: int) -> float:
     """The honest envelope at k steps: measured at the smallest calibrated length ≥ k (the longest when k is
     past them all; drift grows with k, so a shorter length's envelope would be too tight)."""
-    measured = {int(steps): float(value) for steps, value in _template(template)["envelope"].items()}
-    at = min((steps for steps in measured if steps >= k), default=max(measured))
-    return measured[at]
+    return _at_length(_template(template)["envelope"], k)
+
+
+def _at_length(envelopes: dict, k: int) -> float:
+    """{k as in the table: envelope} read at the smallest calibrated length ≥ k, else the longest."""
+    measured = {int(steps): float(value) for steps, value in envelopes.items()}
+    return measured[min((steps for steps in measured if steps >= k), default=max(measured))]
 
 
 def browser_envelope(template: str, k: int) -> float:
     """The envelope measured for browser arithmetic at k (0 where the browser tier has no measurement)."""
     measured = table().get("browser", {}).get("templates", {}).get(template, {}).get("envelope", {})
-    measured = {int(steps): float(value) for steps, value in measured.items()}
-    if not measured:
-        return 0.0
-    return measured[min((steps for steps in measured if steps >= k), default=max(measured))]
+    return _at_length(measured, k) if measured else 0.0
 
 
 def tolerance(template: str, k: int, backend: str | None = None) -> float:
