@@ -10,7 +10,6 @@ from django.db import transaction
 from django.utils import timezone
 from muninn_worker import segments, tensors, training, zoo
 
-from jobs import selectors as job_selectors
 from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
@@ -315,7 +314,7 @@ def first_commitment(unit: WorkUnit) -> list[str]:
 
 def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, float]:
     """Loss of the global and of the submitted weights on a few samples of the unit's own shard."""
-    X, y = jobs.load_xy(unit.shard_sha256, key=job_selectors.job_data_key(unit.round.job))
+    X, y = jobs.unit_shard_xy(unit)
     X, y = X[:LOSS_CHECK_SAMPLES], y[:LOSS_CHECK_SAMPLES]
     job = unit.round.job
     model = jobs.job_model(job, reference)

@@ -19,7 +19,6 @@ from django.db import transaction
 from django.utils import timezone
 from muninn_worker import segments, tensors, training, zoo
 
-from jobs import selectors as job_selectors
 from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
@@ -57,7 +56,7 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
 def _check_segments(receipt: Receipt) -> Receipt:
     unit, job = receipt.unit, receipt.unit.round.job
     spec = jobs.unit_train_spec(unit)
-    X, y = jobs.load_xy(unit.shard_sha256, key=job_selectors.job_data_key(unit.round.job))
+    X, y = jobs.unit_shard_xy(unit)
     k = receipt.segment_steps
     bounds = segments.boundaries(jobs.unit_steps(unit), k)
     tolerance = tolerances.tolerance(job.template, k, backend=browser.backend_of(receipt.device))
@@ -116,7 +115,7 @@ def _check_divergence(receipt: Receipt) -> Receipt:
     finite weights here → the device's result was wrong."""
     unit, job = receipt.unit, receipt.unit.round.job
     reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
-    X, y = jobs.load_xy(unit.shard_sha256, key=job_selectors.job_data_key(unit.round.job))
+    X, y = jobs.unit_shard_xy(unit)
     result = training.train_local(jobs.job_model(job, reference), X, y, **jobs.unit_train_spec(unit))
     finite = math.isfinite(result.loss_after) and all(
         bool(v.isfinite().all()) for v in result.state_dict.values() if v.is_floating_point())

@@ -63,3 +63,8 @@ def _xy_bytes(X: torch.Tensor, y: torch.Tensor) -> bytes:
 def load_xy(sha256: str, *, key: bytes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A split or shard as (X, y); `key`: its dataset's (selectors.job_data_key), when that is sensitive."""
     return tensors.bytes_to_shard(storage.data_get(sha256, key=key))
+
+
+def unit_shard_xy(unit) -> tuple[torch.Tensor, torch.Tensor]:
+    """A unit's shard as (X, y), opened with its dataset's key when that is sensitive (the site's own checks)."""
+    return load_xy(unit.shard_sha256, key=selectors.job_data_key(unit.round.job))
