@@ -27,10 +27,14 @@ def blob_path(sha256: str) -> str:
 
 def blob_put(data: bytes) -> str:
     sha = sha256_hex(data)
-    path = blob_path(sha)
+    _file_put(blob_path(sha), data)
+    return sha
+
+
+def _file_put(path: str, data: bytes) -> None:
+    """A content-addressed file, written once: one already there is left as it is."""
     if not default_storage.exists(path):
         default_storage.save(path, ContentFile(data))
-    return sha
 
 
 def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
@@ -39,17 +43,21 @@ def blobs_put(blobs: Sequence[bytes], *, threads: int = 8) -> list[str]:
     written once, so no two threads ever race for one path. On the local file system the files are written
     straight (see _files_put): Django's storage API costs ~150 µs a file, most of a 10,000-shard round."""
     shas = [sha256_hex(data) for data in blobs]
-    unique = dict(zip(shas, blobs))
-    if isinstance(default_storage, FileSystemStorage):
-        _files_put(default_storage, {blob_path(sha): data for sha, data in unique.items()}, threads=threads)
-        return shas
-    if len(unique) <= 1 or threads <= 1:
-        for data in unique.values():
-            blob_put(data)
-        return shas
-    with ThreadPoolExecutor(max_workers=min(threads, len(unique))) as pool:
-        list(pool.map(blob_put, unique.values()))
+    _files_put_many({blob_path(sha): data for sha, data in zip(shas, blobs)}, threads=threads)
     return shas
+
+
+def _files_put_many(files: dict[str, bytes], *, threads: int) -> None:
+    """{path: bytes} written as blobs_put says: straight to the local file system, else through the storage API
+    in threads (an object store's round trips overlap)."""
+    if isinstance(default_storage, FileSystemStorage):
+        _files_put(default_storage, files, threads=threads)
+    elif len(files) <= 1 or threads <= 1:
+        for path, data in files.items():
+            _file_put(path, data)
+    else:
+        with ThreadPoolExecutor(max_workers=min(threads, len(files))) as pool:
+            list(pool.map(lambda item: _file_put(*item), files.items()))
 
 
 def _files_put(store: FileSystemStorage, blobs: dict[str, bytes], *, threads: int) -> None:
@@ -153,7 +161,7 @@ def data_put(data: bytes, *, key: bytes | None) -> str:
         return blob_put(data)
     sha = sha256_hex(data)
     path = sealed_path(sha, key)
-    if not default_storage.exists(path):
+    if not default_storage.exists(path):  # sealed only when it is not stored yet
         default_storage.save(path, ContentFile(sealing.seal(data, key, sha256=sha)))
     return sha
 
@@ -164,12 +172,8 @@ def data_put_many(blobs: Sequence[bytes], *, key: bytes | None, threads: int = 8
         return blobs_put(blobs, threads=threads)
     shas = [sha256_hex(data) for data in blobs]
     unique = {sealed_path(sha, key): (sha, data) for sha, data in zip(shas, blobs)}
-    if isinstance(default_storage, FileSystemStorage):
-        sealed = {path: sealing.seal(data, key, sha256=sha) for path, (sha, data) in unique.items()}
-        _files_put(default_storage, sealed, threads=threads)
-        return shas
-    for sha, data in unique.values():
-        data_put(data, key=key)
+    _files_put_many({path: sealing.seal(data, key, sha256=sha) for path, (sha, data) in unique.items()},
+                    threads=threads)
     return shas
 
 
