@@ -5,6 +5,7 @@ import hashlib
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
+from muninn import sql
 from rest_framework import authentication, exceptions
 
 from .models import Device, DeviceEvent
@@ -68,5 +69,6 @@ def touch(device: Device) -> None:
     now = timezone.now()
     if device.last_seen_at is not None and (now - device.last_seen_at).total_seconds() < TOUCH_EVERY_S:
         return
-    Device.objects.filter(pk=device.pk).update(last_seen_at=now)
+    sql.execute(f"UPDATE {sql.table(Device)} SET last_seen_at = %s WHERE id = %s",  # muninn/sql.py: why
+                [sql.value(Device, "last_seen_at", now), device.pk])
     device.last_seen_at = now

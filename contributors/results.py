@@ -14,6 +14,7 @@ from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
 from jobs.signals import round_complete
+from muninn import sql
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 from muninn.failpoints import failpoint
 
@@ -138,8 +139,9 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
 
 def _live_with(output_sha: str) -> list[tuple[int, int, int]]:
     """(receipt id, device id, unit id) of the live receipts (not rejected) for exactly these bytes, oldest first."""
-    return list(Receipt.objects.filter(output_sha256=output_sha).exclude(status=Receipt.Status.REJECTED)
-                .order_by("id").values_list("id", "device_id", "unit_id"))
+    return sql.fetch_all(f"SELECT id, device_id, unit_id FROM {sql.table(Receipt)} "  # muninn/sql.py: why
+                         "WHERE output_sha256 = %s AND status <> %s ORDER BY id",
+                         [output_sha, Receipt.Status.REJECTED])
 
 
 def _live_receipt(device: Device, unit_id: int, output_sha: str,

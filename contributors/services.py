@@ -1,6 +1,7 @@
 """Writes on devices and their work: registration, claims, heartbeats, results."""
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from billing import money
 from jobs import selectors as job_selectors
 from jobs import services as jobs
 from jobs.models import WorkUnit
+from muninn import sql
 from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
 
 from . import browser, credit, exposure, peers, reputation, selectors, tolerances
@@ -125,18 +127,42 @@ def unit_claim(*, device: Device, backends=None) -> Claim | None:
                                  detail={"held": held, "limit": settings.MUNINN_MAX_LEASES_PER_DEVICE})
             return None
         k = tolerances.segment_steps_for(unit.round.job.template, jobs.unit_steps(unit))
-        lease = Lease.objects.create(device=device, unit=unit, token=unit.lease_token, segment_steps=k)
+        lease = _lease_insert(device=device, unit=unit, segment_steps=k)
     return Claim(unit, lease)
+
+
+def _lease_insert(*, device: Device, unit: WorkUnit, segment_steps: int) -> Lease:
+    """The claim's Lease row, in one fixed statement (muninn/sql.py: every claim writes one)."""
+    lease = Lease(device=device, unit=unit, token=unit.lease_token, segment_steps=segment_steps,
+                  created_at=timezone.now())
+    lease.pk = sql.fetch_one(
+        f"INSERT INTO {sql.table(Lease)} (device_id, unit_id, token, segment_steps, created_at) "
+        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+        [device.pk, unit.pk, sql.value(Lease, "token", lease.token), segment_steps,
+         sql.value(Lease, "created_at", lease.created_at)])[0]
+    lease._state.adding, lease._state.db = False, "default"
+    return lease
+
+
+@functools.cache
+def _leased_sql() -> str:
+    """The device's current lease on a unit, with the unit, in one fixed statement (every download, every result
+    and every heartbeat that is not the holder's runs it)."""
+    return (f"SELECT {sql.columns(Lease, 'l')}, {sql.columns(WorkUnit, 'u')} FROM {sql.table(Lease)} l "
+            f"JOIN {sql.table(WorkUnit)} u ON u.id = l.unit_id "
+            "WHERE l.device_id = %s AND l.unit_id = %s AND u.lease_token = l.token")
 
 
 def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
     """The unit, if the device holds its current lease (for downloads, heartbeats and results): one query when it
     does; anything else takes the slow path for the exact error."""
-    lease = Lease.objects.select_related("unit").filter(device=device, unit_id=unit_id,
-                                                         unit__lease_token=F("token")).first()
-    if lease is not None:
-        lease.unit.round = job_selectors.round_fixed(lease.unit.round_id)  # its fixed fields only: see there
-        return lease.unit, lease
+    row = sql.fetch_one(_leased_sql(), [device.pk, unit_id])
+    if row is not None:
+        n = len(Lease._meta.concrete_fields)
+        lease, unit = sql.instance(Lease, row[:n]), sql.instance(WorkUnit, row[n:])
+        unit.round = job_selectors.round_fixed(unit.round_id)  # its fixed fields only: see there
+        lease.unit, lease.device = unit, device
+        return unit, lease
     unit = WorkUnit.objects.select_related("round__job").filter(pk=unit_id).first()
     if unit is None:
         raise NotFound(f"There is no unit {unit_id}.")

@@ -1,6 +1,7 @@
 """Leases: a device claims a queued unit it can run, keeps it with heartbeats, and loses it when it expires."""
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from datetime import datetime, timedelta
@@ -10,6 +11,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from muninn import sql
 from muninn.errors import Conflict
 
 from .. import selectors
@@ -47,6 +49,11 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     lease_seconds = lease_seconds or settings.MUNINN_LEASE_SECONDS
     max_held = max_held or settings.MUNINN_MAX_LEASES_PER_DEVICE
     now = timezone.now()
+    expires = now + timedelta(seconds=lease_seconds)
+    templates = None if templates is None else tuple(templates)
+    if connection.vendor == "postgresql":
+        return _lease_postgresql(device_id=device_id, resources=resources, trusted=trusted, templates=templates,
+                                 now=now, expires=expires, max_held=max_held)
     queued = WorkUnit.objects.filter(
         _runnable_on(resources), Q(not_before__isnull=True) | Q(not_before__lte=now),
         status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
@@ -58,42 +65,79 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     if templates is not None:
         queued = queued.filter(round__job__template__in=list(templates))
     unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
-    lease = {"status": WorkUnit.Status.LEASED, "leased_device_id": device_id,
-             "lease_expires_at": now + timedelta(seconds=lease_seconds)}
-    # Passes in id order, each an index walk that stops at the first rows that fit: a claim costs the
-    # same with a hundred or a hundred thousand units queued (one ORDER BY putting the device's own
-    # first would sort every queued unit on every claim).
+    lease = {"status": WorkUnit.Status.LEASED, "leased_device_id": device_id, "lease_expires_at": expires}
     with transaction.atomic(savepoint=False):  # nothing here to undo on its own: a failure fails the caller's claim
         for candidates in (queued.filter(preferred_device_id=device_id),
                            queued.filter(unreserved, backup_of__isnull=False),
                            queued.filter(unreserved)):
-            candidates = candidates.order_by("id")
-            if connection.vendor == "postgresql":
-                unit = _lease_first(candidates, token=uuid.uuid4(), max_held=max_held, **lease)
-            else:
-                if units_held(device_id=device_id) >= max_held:
-                    return None
-                unit_id = _lease_one_of(candidates[:4], token=uuid.uuid4(), **lease)
-                unit = None if unit_id is None else WorkUnit.objects.get(pk=unit_id)
-            if unit is not None:
+            if units_held(device_id=device_id) >= max_held:
+                return None
+            unit_id = _lease_one_of(candidates.order_by("id")[:4], token=uuid.uuid4(), **lease)
+            if unit_id is not None:
+                unit = WorkUnit.objects.get(pk=unit_id)
                 unit.round = selectors.round_fixed(unit.round_id)
                 return unit
     return None
 
 
-def _lease_first(candidates, *, token: uuid.UUID, status: str, leased_device_id: int, lease_expires_at,
-                 max_held: int) -> WorkUnit | None:
-    """PostgreSQL: lease the first candidate no other claim holds, in one statement (a queue's UPDATE ... WHERE id
-    = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING the leased row), unless the device holds max_held."""
-    pick, params = candidates.select_for_update(skip_locked=True, of=("self",)).values("id")[:1].query.sql_with_params()
-    table = WorkUnit._meta.db_table
-    leased = WorkUnit.objects.raw(
-        f'UPDATE "{table}" SET status = %s, lease_token = %s, leased_device_id = %s, lease_expires_at = %s, '
-        f'attempts = attempts + 1 WHERE id = ({pick}) AND status = %s AND (SELECT count(*) FROM "{table}" held '
-        f'WHERE held.status = %s AND held.leased_device_id = %s) < %s RETURNING *',
-        [status, token, leased_device_id, lease_expires_at, *params, WorkUnit.Status.QUEUED,
-         WorkUnit.Status.LEASED, leased_device_id, max_held])
-    return next(iter(leased), None)
+# A claim's three passes (see unit_lease), each one index walk in id order that stops at the first row that fits.
+_PASSES = (
+    "u.preferred_device_id = %(device)s",
+    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s) AND u.backup_of_id IS NOT NULL",
+    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s)",
+)
+
+
+def _lease_postgresql(*, device_id: int, resources: dict[str, int], trusted: bool, templates: tuple | None,
+                      now: datetime, expires: datetime, max_held: int) -> WorkUnit | None:
+    """PostgreSQL: each pass leases the first candidate no other claim holds, in one statement (a queue's
+    UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING the leased row), unless the device
+    holds max_held already. The SQL is written once per shape of claim (its backends, trust, templates), not built
+    by the ORM on every claim: building it cost more CPU than running it."""
+    backends = tuple(sorted(resources))
+    params = {"device": device_id, "now": now, "expires": expires, "max_held": max_held, "token": uuid.uuid4(),
+              "queued": WorkUnit.Status.QUEUED, "leased": WorkUnit.Status.LEASED, "open": Round.Status.OPEN,
+              "running": Job.Status.RUNNING,
+              "refused_after": now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS),
+              **{f"like_{b}": f"%{b}%" for b in backends}, **{f"memory_{b}": resources[b] for b in backends},
+              **{f"template_{n}": t for n, t in enumerate(templates or ())}}
+    for number in range(len(_PASSES)):
+        row = sql.fetch_one(_lease_sql(backends, number, trusted, None if templates is None else len(templates)),
+                            params)
+        if row is not None:
+            unit = sql.instance(WorkUnit, row)
+            unit.round = selectors.round_fixed(unit.round_id)
+            return unit
+    return None
+
+
+@functools.cache
+def _lease_sql(backends: tuple[str, ...], number: int, trusted: bool, templates: int | None) -> str:
+    unit, rnd, job = sql.table(WorkUnit), sql.table(Round), sql.table(Job)
+    dataset = sql.table(Job._meta.get_field("dataset").related_model)
+    runnable = " OR ".join(f"(j.backends LIKE %(like_{b})s AND u.min_memory_bytes <= %(memory_{b})s)"
+                           for b in backends) or "false"
+    where = [
+        "u.status = %(queued)s", "r.status = %(open)s", "j.status = %(running)s", f"({runnable})",
+        "(u.not_before IS NULL OR u.not_before <= %(now)s)",
+        # never a unit refused from this device for a while, nor the backup of a unit this device is running
+        "NOT COALESCE(u.refused_device_id = %(device)s AND u.not_before > %(refused_after)s, false)",
+        f"(u.backup_of_id IS NULL OR NOT EXISTS (SELECT 1 FROM {unit} o WHERE o.id = u.backup_of_id "
+        "AND o.leased_device_id = %(device)s))",
+        _PASSES[number],
+    ]
+    joins = f"JOIN {rnd} r ON r.id = u.round_id JOIN {job} j ON j.id = r.job_id"
+    if not trusted:
+        joins += f" JOIN {dataset} d ON d.id = j.dataset_id"
+        where.append("NOT d.sensitive")
+    if templates is not None:
+        where.append(f"j.template IN ({', '.join(f'%(template_{n})s' for n in range(templates))})"
+                     if templates else "false")
+    pick = f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} ORDER BY u.id LIMIT 1 FOR UPDATE OF u SKIP LOCKED"
+    return (f"UPDATE {unit} SET status = %(leased)s, lease_token = %(token)s, leased_device_id = %(device)s, "
+            f"lease_expires_at = %(expires)s, attempts = attempts + 1 WHERE id = ({pick}) AND status = %(queued)s "
+            f"AND (SELECT count(*) FROM {unit} held WHERE held.status = %(leased)s AND held.leased_device_id = "
+            f"%(device)s) < %(max_held)s RETURNING {sql.columns(WorkUnit)}")
 
 
 def _lease_one_of(candidates, *, token: uuid.UUID, **lease) -> int | None:
@@ -111,8 +155,10 @@ def unit_heartbeat_holder(*, unit_id: int, device_id: int, lease_seconds: int | 
     """Extend the lease of a unit leased to this device now (whichever of its leases: a device holds one lease
     of a unit at a time); None when it holds none."""
     expires = timezone.now() + timedelta(seconds=lease_seconds or settings.MUNINN_LEASE_SECONDS)
-    extended = WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.LEASED, leased_device_id=device_id).update(
-        lease_expires_at=expires)
+    extended = sql.execute(f"UPDATE {sql.table(WorkUnit)} SET lease_expires_at = %s "  # muninn/sql.py: why
+                           "WHERE id = %s AND status = %s AND leased_device_id = %s",
+                           [sql.value(WorkUnit, "lease_expires_at", expires), unit_id, WorkUnit.Status.LEASED,
+                            device_id])
     return expires if extended else None
 
 

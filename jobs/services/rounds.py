@@ -15,6 +15,7 @@ from muninn_worker import tensors
 from muninn_worker.federated import algorithms, robust
 from muninn_worker.federated import plan as rounds_plan
 
+from muninn import sql
 from muninn.failpoints import failpoint
 
 from .. import deadlines, selectors, storage
@@ -189,7 +190,8 @@ def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None
     rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
     rnd.deadline_at = rnd.opened_at + timedelta(seconds=soft)
     rnd.close_at = rnd.opened_at + timedelta(seconds=hard)
-    rnd.save(update_fields=["arrivals", "latest_arrival_seconds", "arrival_paces", "deadline_at", "close_at"])
+    sql.update(Round, {f: getattr(rnd, f) for f in ("arrivals", "latest_arrival_seconds", "arrival_paces",
+                                                    "deadline_at", "close_at")}, id=rnd.pk)  # every result
 
 
 def rounds_overdue(*, now: datetime | None = None) -> list[int]:
@@ -233,5 +235,15 @@ def jobs_stalled(*, now: datetime | None = None) -> list[int]:
 
 
 def _round_complete(rnd: Round) -> bool:
-    return not rnd.units.filter(
-        status__in=[WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING]).exists()
+    """No unit of the round is queued, leased or verifying (one fixed statement: every result asks it)."""
+    return sql.fetch_one(f"SELECT 1 FROM {sql.table(WorkUnit)} WHERE round_id = %s AND status IN (%s, %s, %s) LIMIT 1",
+                         [rnd.pk, WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING]) is None
+
+
+def round_locked(round_id: int) -> Round:
+    """The round, its row locked for the caller's transaction (where the database locks rows)."""
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    row = sql.fetch_one(f"SELECT {sql.columns(Round)} FROM {sql.table(Round)} WHERE id = %s{lock}", [round_id])
+    if row is None:
+        raise Round.DoesNotExist(f"There is no round {round_id}.")
+    return sql.instance(Round, row)

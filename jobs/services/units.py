@@ -8,17 +8,17 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 from muninn_worker import flops as worker_flops
 from muninn_worker.federated import plan
 
+from muninn import sql
 from muninn.errors import Conflict
 
 from .. import wakeups
 from ..models import Round, WorkUnit
 
-from .rounds import _round_complete, _round_reschedule
+from .rounds import _round_complete, _round_reschedule, round_locked
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,14 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     and job), updated in place rather than read again."""
     if unit is None:
         unit = WorkUnit.objects.select_related("round__job").get(pk=unit_id)
-    rnd = Round.objects.select_for_update().get(pk=unit.round_id)
+    rnd = round_locked(unit.round_id)
     now = timezone.now()
     fields = {"status": WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED,
               "accepted_at": None if verify else now, "result_sha256": result_sha256, "result_samples": samples,
               "result_metrics": metrics, "lease_expires_at": None, "submitted_at": now}
     # One conditional update: still leased to this lease, in a round still open (the round's lock is held).
-    if rnd.status != Round.Status.OPEN or not WorkUnit.objects.filter(
-            pk=unit_id, status=WorkUnit.Status.LEASED, lease_token=lease_token).update(**fields):
+    if rnd.status != Round.Status.OPEN or not sql.update(WorkUnit, fields, id=unit_id, status=WorkUnit.Status.LEASED,
+                                                         lease_token=lease_token):
         _refuse_accept(WorkUnit.objects.get(pk=unit_id), rnd)
     for field, value in fields.items():
         setattr(unit, field, value)
@@ -98,14 +98,14 @@ def _cancel_copies(unit: WorkUnit) -> int:
     """The other copies of an accepted unit's shard (its original or backups) will not count: cancel them,
     so their late results are refused and the round need not wait for them."""
     group = unit.backup_of_id or unit.pk
-    return (WorkUnit.objects.filter(Q(pk=group) | Q(backup_of_id=group)).exclude(pk=unit.pk)
-            .exclude(status=WorkUnit.Status.ACCEPTED)
-            .update(status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None))
+    return sql.execute(f"UPDATE {sql.table(WorkUnit)} SET status = %s, lease_token = NULL, lease_expires_at = NULL "
+                       "WHERE (id = %s OR backup_of_id = %s) AND id <> %s AND status <> %s",  # every acceptance
+                       [WorkUnit.Status.CANCELLED, group, group, unit.pk, WorkUnit.Status.ACCEPTED])
 
 
 def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
     """A re-execution agreed: the verifying result now counts. Returns (unit, round_complete)."""
-    rnd = Round.objects.select_for_update().get(pk=WorkUnit.objects.values("round_id").get(pk=unit_id)["round_id"])
+    rnd = round_locked(WorkUnit.objects.values("round_id").get(pk=unit_id)["round_id"])
     unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
     if unit.status == WorkUnit.Status.CANCELLED:
         raise Conflict(SUPERSEDED, code="superseded")

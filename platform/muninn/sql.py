@@ -1,0 +1,83 @@
+"""Fixed SQL for the worker API's hot path: statements written once, run with values the ORM's own fields prepare.
+
+Every claim, heartbeat and result of every device runs a handful of statements whose shape never changes. Built by
+the ORM on each request, building them cost more CPU than running them (query compilation, ~0.5-1 ms each on the
+2-core dev machine: bench/api_profile.py). Here they are written once, in SQL both PostgreSQL and SQLite read, and
+each value is prepared by its model field (`value`), so a datetime, a UUID or a JSON value is stored exactly as the
+ORM would store it on either database. Anything that is not on that path stays with the ORM.
+"""
+from __future__ import annotations
+
+import functools
+
+from django.db import connection
+
+
+def value(model, field: str, python_value):
+    """`python_value` as the database stores `model.field` (what the ORM's save would send)."""
+    return model._meta.get_field(field).get_db_prep_save(python_value, connection)
+
+
+def table(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def columns(model, alias: str = "") -> str:
+    """The model's concrete columns in field order: what Model.from_db(alias, None, row) reads."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f"{prefix}{connection.ops.quote_name(f.column)}" for f in model._meta.concrete_fields)
+
+
+def execute(statement: str, params) -> int:
+    """Run one statement; returns how many rows it changed."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.rowcount
+
+
+def update(model, values: dict, **where) -> int:
+    """UPDATE the model's rows matching `where` (each column equal to a value, none of them None) with `values`
+    (None: NULL). Returns how many rows changed. The statement's text is cached by its columns."""
+    params = [value(model, f, v) for f, v in values.items()] + [value(model, f, v) for f, v in where.items()]
+    return execute(_update_sql(model, tuple(values), tuple(where)), params)
+
+
+@functools.cache
+def _update_sql(model, columns_set: tuple[str, ...], columns_where: tuple[str, ...]) -> str:
+    name = connection.ops.quote_name
+    column = lambda field: name(model._meta.get_field(field).column)  # noqa: E731
+    return (f"UPDATE {table(model)} SET {', '.join(f'{column(f)} = %s' for f in columns_set)} "
+            f"WHERE {' AND '.join(f'{column(f)} = %s' for f in columns_where)}")
+
+
+def fetch_one(statement: str, params) -> tuple | None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchone()
+
+
+def fetch_all(statement: str, params) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def instance(model, row):
+    """A model instance from a row of `columns(model)`, as the ORM builds one from a query: each value through the
+    converters the ORM would apply (JSON decoded, SQLite's datetimes and UUIDs parsed)."""
+    values = list(row)
+    for n, col, converters in _converters(model, connection.vendor):
+        for convert in converters:
+            values[n] = convert(values[n], col, connection)
+    return model.from_db(connection.alias, None, values)
+
+
+@functools.cache
+def _converters(model, vendor: str) -> list[tuple]:
+    found = []
+    for n, field in enumerate(model._meta.concrete_fields):
+        col = field.get_col(model._meta.db_table)
+        converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+        if converters:
+            found.append((n, col, converters))
+    return found
