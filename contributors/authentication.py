@@ -24,10 +24,11 @@ class DeviceTokenAuthentication(authentication.BaseAuthentication):
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Send the device token as 'Authorization: Device <token>'.")
-        device = next(iter(Device.objects.raw(_device_sql(), [DeviceEvent.Kind.FAILURE,
-                                                                token_hash(header[1].decode(errors="replace"))])), None)
-        if device is None:
+        row = sql.fetch_one(_device_sql(), [DeviceEvent.Kind.FAILURE, token_hash(header[1].decode(errors="replace"))])
+        if row is None:
             raise exceptions.AuthenticationFailed("Unknown or disabled device token.")
+        device = sql.instance(Device, row[:-1])
+        device.owner_flagged = bool(row[-1])
         owner_id = device.owner_id
         return SimpleLazyObject(lambda: get_user_model().objects.get(pk=owner_id)), device
 
@@ -40,11 +41,11 @@ def _device_sql() -> str:
     """One statement, written once: every request of every device runs it, and the ORM's query building costs more
     than the query. The device (active, and its owner active) by its token's hash, with `owner_flagged`
     (selectors.owner_flagged_before) alongside, which claims and results need."""
-    device, user, event = Device._meta.db_table, get_user_model()._meta.db_table, DeviceEvent._meta.db_table
-    return (f'SELECT d.*, EXISTS (SELECT 1 FROM "{device}" o JOIN "{event}" e ON e.device_id = o.id '
+    device, user, event = sql.table(Device), sql.table(get_user_model()), sql.table(DeviceEvent)
+    return (f"SELECT {sql.columns(Device, 'd')}, EXISTS (SELECT 1 FROM {device} o JOIN {event} e ON e.device_id = o.id "
             f"WHERE o.owner_id = d.owner_id AND o.id <> d.id AND (o.quarantined_at IS NOT NULL OR o.failures > 0) "
             f"AND e.kind = %s AND e.at < d.created_at) AS owner_flagged "
-            f'FROM "{device}" d JOIN "{user}" u ON u.id = d.owner_id '
+            f"FROM {device} d JOIN {user} u ON u.id = d.owner_id "
             f"WHERE d.token_hash = %s AND d.is_active AND u.is_active")
 
 

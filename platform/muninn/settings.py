@@ -256,6 +256,9 @@ CELERY_TASK_ROUTES = {"contributors.tasks.verify_unit": {"queue": "validation"}}
 # A round or job whose message was lost (a broker restart, a killed worker) is resumed after this long;
 # a re-execution waiting twice as long is enqueued again. Short in the fault suite, so its scenarios stay quick.
 MUNINN_STALL_SECONDS = env.int("MUNINN_STALL_SECONDS", default=30)
+# An accepted result's charge is posted by a batch per job (contributors.credit): one message per job per this many
+# seconds from each web process, run that many seconds later, instead of one per result (contributors.tasks).
+MUNINN_CREDIT_BATCH_SECONDS = env.float("MUNINN_CREDIT_BATCH_SECONDS", default=0.25)
 CELERY_BEAT_SCHEDULE = {
     "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications",
                                     "schedule": float(MUNINN_STALL_SECONDS)},

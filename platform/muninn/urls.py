@@ -54,7 +54,6 @@ api = [
     path("stripe/webhook", billing_api.StripeWebhookView.as_view(), name="stripe-webhook"),
     path("payouts", billing_api.PayoutListView.as_view(), name="payouts"),
     path("payouts/onboarding", billing_api.PayoutOnboardingView.as_view(), name="payout-onboarding"),
-    path("worker/", include("contributors.urls")),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     # Swagger UI from static/ (drf-spectacular-sidecar); its start-up script is /api/docs?script, not inline
     path("docs", SpectacularSwaggerSplitView.as_view(template_name="api_docs.html"), name="api-docs"),
@@ -91,6 +90,9 @@ pages = [
 ]
 
 urlpatterns = [
+    # First: the worker API is most of the site's requests, and URLs are matched in order (one regular expression
+    # per pattern tried: ~5 % of a worker request's CPU when it came after the other sixty).
+    path("api/worker/", include("contributors.urls")),
     path("", views.home, name="home"),
     path("", include("accounts.urls")),
     *pages,
