@@ -149,7 +149,8 @@ def unit_earned(*, unit) -> int:
     statement (muninn/sql.py): every accepted result's answer says it."""
     return int(sql.fetch_one(
         f"SELECT COALESCE(SUM(e.amount), 0) FROM {sql.table(Entry)} e "
-        f"JOIN {sql.table(Transaction)} t ON t.id = e.transaction_id JOIN {sql.table(Account)} a ON a.id = e.account_id "
+        f"JOIN {sql.table(Transaction)} t ON t.id = e.transaction_id "
+        f"JOIN {sql.table(Account)} a ON a.id = e.account_id "
         "WHERE t.kind = %s AND t.unit_id = %s AND a.kind = %s",
         [Transaction.Kind.CHARGE, unit.pk, Account.Kind.CONTRIBUTOR_PENDING])[0])
 

@@ -1,7 +1,8 @@
 """Paying for verified work: the unit's charge through the ledger, and the device's record.
 
-A result accepted without a re-execution is stored and answered at once (contributors.results) and marked
-`credit_pending`; its charge is posted here, off the request, in batches (the `credit_results` task, one per job
+A result accepted without a re-execution is stored and answered at once (contributors.results), and one whose
+segments were checked is accepted when its check passes (contributors.verification); either is marked
+`credit_pending`, and its charge is posted here, off the request, in batches (the `credit_results` task, one per job
 with results waiting, and beat's sweep for a message that was lost). One batch is one database transaction:
 every unit still gets its own double-entry charge (billing.unit_charge: idempotent per unit, never above the
 job's hold), so a batch killed half way rolls back whole and its next run credits each unit once.
@@ -17,7 +18,6 @@ from django.db.models import F, QuerySet
 
 from billing import services as billing
 from jobs import services as jobs
-from jobs.models import WorkUnit
 from muninn.failpoints import failpoint
 from muninn_worker import segments
 
@@ -25,13 +25,6 @@ from .models import Device, Receipt
 
 THROUGHPUT_SMOOTHING = 0.3  # weight of the newest measurement in the moving estimate
 BATCH = 500  # receipts credited in one transaction
-
-
-def credit(*, unit: WorkUnit, receipt: Receipt) -> None:
-    """Verified work: charge it to the customer's hold and credit the contributor; the device gains trust."""
-    billing.unit_charge(unit=unit, contributor=receipt.device.owner)
-    device_record_success(device=receipt.device, seconds=receipt.train_seconds or 0.0, flops=unit.flops,
-                          work_samples=jobs.unit_work_samples(unit))
 
 
 def credit_pending(*, job_id: int | None = None, device_id: int | None = None, wait: bool = False) -> int:

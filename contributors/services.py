@@ -132,16 +132,8 @@ def unit_claim(*, device: Device, backends=None) -> Claim | None:
 
 
 def _lease_insert(*, device: Device, unit: WorkUnit, segment_steps: int) -> Lease:
-    """The claim's Lease row, in one fixed statement (muninn/sql.py: every claim writes one)."""
-    lease = Lease(device=device, unit=unit, token=unit.lease_token, segment_steps=segment_steps,
-                  created_at=timezone.now())
-    lease.pk = sql.fetch_one(
-        f"INSERT INTO {sql.table(Lease)} (device_id, unit_id, token, segment_steps, created_at) "
-        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-        [device.pk, unit.pk, sql.value(Lease, "token", lease.token), segment_steps,
-         sql.value(Lease, "created_at", lease.created_at)])[0]
-    lease._state.adding, lease._state.db = False, "default"
-    return lease
+    """The claim's Lease row, in a statement written once (muninn/sql.py: every claim writes one)."""
+    return sql.insert(Lease(device=device, unit=unit, token=unit.lease_token, segment_steps=segment_steps))
 
 
 @functools.cache

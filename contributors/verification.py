@@ -25,7 +25,7 @@ from jobs.models import WorkUnit
 from muninn.errors import Conflict
 from muninn.failpoints import failpoint
 
-from . import browser, challenges, checks, credit, peers, results, tolerances
+from . import browser, challenges, checks, peers, results, tolerances
 from .models import PeerCheck, Receipt
 
 log = logging.getLogger(__name__)
@@ -162,9 +162,11 @@ def accept(pending: Receipt, evidence: dict) -> Receipt:
                 raise
             receipt.save(update_fields=["verification"])
             return _superseded(receipt.pk)
-        receipt.status = Receipt.Status.ACCEPTED
-        receipt.save(update_fields=["status", "verification"])
-        credit.credit(unit=unit, receipt=receipt)
+        # Charged off the check, in the job's next credit batch (contributors.credit), as results accepted at once
+        # are: the validator moves on to the next check instead of posting to the ledger first.
+        receipt.status, receipt.credit_pending = Receipt.Status.ACCEPTED, True
+        receipt.save(update_fields=["status", "verification", "credit_pending"])
+        results.credit_on_commit(unit.round.job_id)
         if round_complete:
             results.aggregate_on_commit(unit.round_id)
         failpoint("verify.before_commit")

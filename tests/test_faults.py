@@ -122,6 +122,20 @@ class Site:
     def env(self, **overrides: str) -> dict[str, str]:
         return {**self.stack.env, **overrides}
 
+    def settle(self, timeout: float = 20.0) -> bool:
+        """Wait until the worker has run what it was sent, credit batches held back for MUNINN_CREDIT_BATCH_SECONDS
+        included (they come due first, then a marker queued behind them runs): a task still running while the
+        test's database is flushed deadlocks the flush. False when the worker did not get there (one a test
+        left stopped)."""
+        time.sleep(settings.MUNINN_CREDIT_BATCH_SECONDS + 0.2)
+        marker = self.send_task("jobs.tasks.requeue_expired_leases")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if f"{marker.id}] succeeded" in self.stack.log(self.worker_name):
+                return True
+            time.sleep(0.1)
+        return False
+
     def replace_celery_worker(self, **env: str) -> str:
         """Stop the Celery worker (SIGTERM: it finishes its task) and start another with this environment."""
         self.stack.stop(self.worker_name)
@@ -186,6 +200,8 @@ def _shared_site(site):
 
     settings.MEDIA_ROOT = site.stack.env["MEDIA_ROOT"]
     celery_app.conf.task_always_eager = False
+    yield
+    site.settle()  # before the flush
 
 
 # --- one scenario ----------------------------------------------------------------------------------------------

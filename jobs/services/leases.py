@@ -133,7 +133,8 @@ def _lease_sql(backends: tuple[str, ...], number: int, trusted: bool, templates:
     if templates is not None:
         where.append(f"j.template IN ({', '.join(f'%(template_{n})s' for n in range(templates))})"
                      if templates else "false")
-    pick = f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} ORDER BY u.id LIMIT 1 FOR UPDATE OF u SKIP LOCKED"
+    pick = (f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} "
+            "ORDER BY u.id LIMIT 1 FOR UPDATE OF u SKIP LOCKED")
     return (f"UPDATE {unit} SET status = %(leased)s, lease_token = %(token)s, leased_device_id = %(device)s, "
             f"lease_expires_at = %(expires)s, attempts = attempts + 1 WHERE id = ({pick}) AND status = %(queued)s "
             f"AND (SELECT count(*) FROM {unit} held WHERE held.status = %(leased)s AND held.leased_device_id = "
