@@ -51,6 +51,15 @@ def refusal_codes(device: Device) -> set[str]:
     return rejected | refused
 
 
+TOO_LATE = {"lease_lost", "unit_cancelled", "already_done"}  # refused before any check looked at the result
+
+
+def unjudged(device: Device, strategy: str) -> bool:
+    """No result of the device reached a check: nothing on record but refusals for coming too late."""
+    codes = refusal_codes(device)
+    return not device.receipts.exists() and codes <= TOO_LATE and not codes & EXPECTED[strategy]
+
+
 def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, market):  # noqa: F811
     # Twelve cheating strategies under one account (one adversary running them all): above the default limit
     # of devices per account, which tests/test_device_registration.py pins.
@@ -84,11 +93,16 @@ def test_every_class_of_cheating_is_refused_and_the_job_still_finishes(stack, ma
     assert job["status"] == "succeeded", logs
     assert job["metrics"]["test_accuracy"] >= 0.85
     idle = [s for s in STRATEGIES if not Device.objects.get(name=f"cheat-{s}").leases.exists()]
-    assert len(idle) <= 1, ("cheaters that never got work (not polling when the rounds opened)", idle)
+    # A cheater leased work but every result it sent came too late to be looked at (its lease expired, or the
+    # shard's other copy was accepted first): the faster the honest devices, the likelier on a loaded machine,
+    # where a cheater's first unit pays torch's start-up and has no heartbeat.
+    late = [s for s in STRATEGIES if s not in idle and unjudged(Device.objects.get(name=f"cheat-{s}"), s)]
+    assert len(idle) + len(late) <= 2, ("cheaters that never got work (not polling when the rounds opened)", idle,
+                                        "or whose every result came too late to be checked", late)
     for strategy in STRATEGIES:
         device = Device.objects.get(name=f"cheat-{strategy}")
-        if strategy in idle:
-            continue  # no work reached it on this run (a late start on a loaded machine): nothing to judge
+        if strategy in idle or strategy in late:
+            continue  # no work of it was judged on this run (a loaded machine): nothing to check
         codes = refusal_codes(device)
         planned = WorkUnit.objects.filter(preferred_device_id=device.pk).count()
         assert codes & EXPECTED[strategy], (strategy, codes, f"{device.leases.count()} leases, {planned} units "

@@ -106,8 +106,11 @@ def test_ctrl_c_exits_130_with_a_message(fake_site, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"server": fake_site.url, "device_token": fake_site.device_token,
                                   "signing_key": new_private_key()}))
+    # Ctrl-C as at a terminal: a suite started in the background by a non-interactive shell has SIGINT ignored,
+    # which its children inherit (and Python then installs no KeyboardInterrupt handler).
     process = subprocess.Popen([str(SCRIPT), "run", "--config", str(config)], env=_clean_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_claims(fake_site, process)
 
     process.send_signal(signal.SIGINT)
