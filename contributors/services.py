@@ -127,13 +127,9 @@ def unit_claim(*, device: Device, backends=None) -> Claim | None:
                                  detail={"held": held, "limit": settings.MUNINN_MAX_LEASES_PER_DEVICE})
             return None
         k = tolerances.segment_steps_for(unit.round.job.template, jobs.unit_steps(unit))
-        lease = _lease_insert(device=device, unit=unit, segment_steps=k)
+        # one statement written once (muninn/sql.py): every claim writes one
+        lease = sql.insert(Lease(device=device, unit=unit, token=unit.lease_token, segment_steps=k))
     return Claim(unit, lease)
-
-
-def _lease_insert(*, device: Device, unit: WorkUnit, segment_steps: int) -> Lease:
-    """The claim's Lease row, in a statement written once (muninn/sql.py: every claim writes one)."""
-    return sql.insert(Lease(device=device, unit=unit, token=unit.lease_token, segment_steps=segment_steps))
 
 
 @functools.cache
