@@ -1,11 +1,14 @@
 """A worker client that cheats, for the attack suite: one process per class of cheating.
 
-    python -m tests.attacks.cheater --config worker.json --cache-dir DIR --strategy sign_flip
+    python -m tests.attacks.cheater --cache-dir DIR --device sign_flip=worker.json [--device nan=other.json ...]
 
-It speaks the real protocol with the real client library (muninn_worker.api), trains with the real
+Each device runs in its own thread of one process (one adversary, one machine: a single torch import, which
+twelve processes paid in turn on a 2-core machine). It speaks the real protocol with the real client library (muninn_worker.api), trains with the real
 training loop where the strategy needs an honest starting point, and then lies in one specific way, keeping
 its receipt's chain of checkpoints consistent with the lie and answering the site's challenges.
-It stops when the site quarantines it (403), after --max-units, or after --idle seconds without work.
+A device warms torch up before its first claim and heartbeats its lease while it works, as the real client does,
+so each of its results reaches the site's checks instead of coming too late. A device stops when the site
+quarantines it (403), after --max-units, or after --idle seconds without work.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import argparse
 import dataclasses
 import logging
 import pickle
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,7 +25,8 @@ import torch
 from muninn_worker import codec, segments, signing, tensors, training, zoo
 from muninn_worker.api import ApiClient, ApiError
 from muninn_worker.challenge import CheckpointStore, answer_challenge
-from muninn_worker.config import load_config
+from muninn_worker.config import Config, load_config, save_config
+from muninn_worker.probe import probe_device
 from muninn_worker.receipt import build_receipt
 from muninn_worker.segments import Checkpoint
 
@@ -35,11 +40,31 @@ def _now() -> str:
 
 
 class Cheater:
-    def __init__(self, client: ApiClient, strategy: str, cache_dir: str):
-        self.client, self.strategy, self.cache_dir = client, strategy, cache_dir
+    def __init__(self, client: ApiClient, strategy: str, cache_dir: str, beat: ApiClient):
+        self.client, self.strategy, self.cache_dir, self.beat = client, strategy, cache_dir, beat
         self.previous_output: bytes | None = None
 
     def work(self, unit: dict) -> None:
+        """Cheat on one unit, heartbeating its lease meanwhile as an honest client does."""
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            while not stop.wait(2.0):
+                try:
+                    self.beat.heartbeat(unit["id"])
+                except ApiError:
+                    return  # the lease is gone: the result will be refused as lease_lost
+        beating = threading.Thread(target=heartbeat, name=f"{threading.current_thread().name}-heartbeat")
+        beating.start()
+        try:
+            self.cheat(unit)
+        finally:
+            stop.set()
+            beating.join()
+
+    def cheat(self, unit: dict) -> None:
+        t0 = time.monotonic()
+        log.info("claimed unit %s", unit["id"])
         glob_bytes = self.client.download(unit["id"], "weights", unit["weights_sha256"], self.cache_dir)
         shard = self.client.download(unit["id"], "shard", unit["shard_sha256"], self.cache_dir)
         glob = tensors.bytes_to_state_dict(glob_bytes)
@@ -48,6 +73,7 @@ class Cheater:
             third = max(1, len(y) // 3)
             tile = lambda t: t[:third].repeat(4, *[1] * (t.ndim - 1))[: len(y)]  # noqa: E731 - 4 thirds ≥ all
             X, y = tile(X), tile(y)
+        log.info("unit %s: downloaded in %.2f s", unit["id"], time.monotonic() - t0)
         model = zoo.build_model(unit["template"], unit["model_config"])
         model.load_state_dict(glob)
         started = _now()
@@ -66,6 +92,7 @@ class Cheater:
                            glob, unit["encoding"])
         receipt = build_receipt(unit, result, output_sha256=tensors.sha256_hex(payload), started_at=started,
                                 finished_at=_now(), segment_steps=unit["train"]["segment_steps"], checkpoints=chain)
+        log.info("unit %s: trained and sealed at %.2f s", unit["id"], time.monotonic() - t0)
         target = unit["id"]
         if self.strategy == "other_lease":  # a unit that is someone else's (or nobody's)
             target = unit["id"] + 1
@@ -111,21 +138,24 @@ class Cheater:
         return codec.encode_update(state, glob, encoding), state
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--cache-dir", required=True)
-    parser.add_argument("--strategy", choices=STRATEGIES, required=True)
-    parser.add_argument("--max-units", type=int, default=6)
-    parser.add_argument("--idle", type=float, default=120.0)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    torch.set_num_threads(1)
-    config = load_config(Path(args.config))
-    key = signing.new_private_key() if args.strategy == "forged_signature" else config.signing_key
-    client = ApiClient(config.server, device_token=config.device_token, signing_key=key, attempts=3)
-    cheater, done, idle_since = Cheater(client, args.strategy, args.cache_dir), 0, time.monotonic()
-    while done < args.max_units and time.monotonic() - idle_since < args.idle:
+def register(server: str, account_token: str, names: dict[str, str], config_dir: Path) -> dict[str, Path]:
+    """Register one device per strategy ({strategy: device name}) under one account, as `muninn-worker register`
+    does but with one probe for all (one machine): its config files, {strategy: path}."""
+    capabilities = probe_device(quick=True)
+    client, configs = ApiClient(server, account_token=account_token), {}
+    for strategy, name in names.items():
+        key = signing.new_private_key()
+        answer = client.register_device(name, capabilities, signing.public_key_of(key))
+        configs[strategy] = config_dir / f"{name}.json"
+        save_config(Config(server=client.server_url, device_token=answer["device_token"],
+                           device_id=answer["device_id"], name=name, signing_key=key), configs[strategy])
+    return configs
+
+
+def run(client: ApiClient, beat: ApiClient, strategy: str, cache_dir: str, max_units: int, idle: float) -> int:
+    """One cheating device: claim, cheat, repeat, until quarantined (403), max_units, or idle seconds without work."""
+    cheater, done, idle_since = Cheater(client, strategy, cache_dir, beat), 0, time.monotonic()
+    while done < max_units and time.monotonic() - idle_since < idle:
         try:
             unit = client.claim()
         except ApiError as exc:
@@ -137,6 +167,37 @@ def main() -> int:
         cheater.work(unit)
         done, idle_since = done + 1, time.monotonic()
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", action="append", required=True, metavar="STRATEGY=CONFIG",
+                        help="a cheating device: its strategy and its worker config file (repeat for more)")
+    parser.add_argument("--cache-dir", required=True)
+    parser.add_argument("--max-units", type=int, default=6)
+    parser.add_argument("--idle", type=float, default=120.0)
+    args = parser.parse_args()
+    devices = dict(d.split("=", 1) for d in args.device)
+    if unknown := set(devices) - set(STRATEGIES):
+        parser.error(f"unknown strategies {sorted(unknown)}; known: {', '.join(STRATEGIES)}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(threadName)s %(message)s")
+    torch.set_num_threads(1)
+    training.warm_up()  # torch's first use, paid before the first claim (a cold first unit outlives its lease)
+    codes: dict[str, int] = {}
+
+    def device(strategy: str, path: str) -> None:
+        config = load_config(Path(path))
+        key = signing.new_private_key() if strategy == "forged_signature" else config.signing_key
+        client, beat = (ApiClient(config.server, device_token=config.device_token, signing_key=key, attempts=3)
+                        for _ in range(2))
+        codes[strategy] = run(client, beat, strategy, str(Path(args.cache_dir) / strategy), args.max_units, args.idle)
+
+    threads = [threading.Thread(target=device, args=item, name=f"cheat-{item[0]}") for item in devices.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return max(codes.values(), default=1) if len(codes) == len(threads) else 1
 
 
 if __name__ == "__main__":
