@@ -8,7 +8,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from muninn import sql
@@ -21,15 +20,6 @@ from ..models import Job, Round, WorkUnit
 log = logging.getLogger(__name__)
 
 
-def _runnable_on(resources: dict[str, int]) -> Q:
-    """Units a device can run: one of its backends is among the job's, with the unit's memory on it.
-    `resources` maps each backend the device offers ("cpu", "cuda", "mps") to its memory in bytes."""
-    runnable = Q(pk__in=[])
-    for backend, memory in resources.items():
-        runnable |= Q(round__job__backends__contains=backend, min_memory_bytes__lte=memory)
-    return runnable
-
-
 def units_held(*, device_id: int) -> int:
     """How many units the device holds a lease on now."""
     return WorkUnit.objects.filter(status=WorkUnit.Status.LEASED, leased_device_id=device_id).count()
@@ -37,7 +27,8 @@ def units_held(*, device_id: int) -> int:
 
 def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int | None = None,
                max_held: int | None = None, trusted: bool = False, templates=None) -> WorkUnit | None:
-    """Lease one queued unit the device can run (see _runnable_on): first one sized for it, then a
+    """Lease one queued unit the device can run (one of its backends is among the job's, with the unit's memory on
+    it: `resources` maps each backend to its memory in bytes): first one sized for it, then a
     straggler's backup (the round waits on it), then one nobody else has reserved; never a unit in its backoff
     after a refusal (nor, for a minute more, one refused from this device); never the backup of a
     unit this device is itself running. Never the same unit to two devices: rows are locked with SKIP
@@ -50,34 +41,9 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     max_held = max_held or settings.MUNINN_MAX_LEASES_PER_DEVICE
     now = timezone.now()
     expires = now + timedelta(seconds=lease_seconds)
-    templates = None if templates is None else tuple(templates)
-    if connection.vendor == "postgresql":
-        return _lease_postgresql(device_id=device_id, resources=resources, trusted=trusted, templates=templates,
-                                 now=now, expires=expires, max_held=max_held)
-    queued = WorkUnit.objects.filter(
-        _runnable_on(resources), Q(not_before__isnull=True) | Q(not_before__lte=now),
-        status=WorkUnit.Status.QUEUED, round__status=Round.Status.OPEN, round__job__status=Job.Status.RUNNING,
-    ).exclude(backup_of__leased_device_id=device_id).exclude(
-        refused_device_id=device_id,
-        not_before__gt=now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS))
-    if not trusted:  # one more condition on the job's dataset row, joined by its primary key
-        queued = queued.filter(round__job__dataset__sensitive=False)
-    if templates is not None:
-        queued = queued.filter(round__job__template__in=list(templates))
-    unreserved = Q(preferred_device_id__isnull=True) | Q(reserved_until__lt=now)
-    lease = {"status": WorkUnit.Status.LEASED, "leased_device_id": device_id, "lease_expires_at": expires}
-    with transaction.atomic(savepoint=False):  # nothing here to undo on its own: a failure fails the caller's claim
-        for candidates in (queued.filter(preferred_device_id=device_id),
-                           queued.filter(unreserved, backup_of__isnull=False),
-                           queued.filter(unreserved)):
-            if units_held(device_id=device_id) >= max_held:
-                return None
-            unit_id = _lease_one_of(candidates.order_by("id")[:4], token=uuid.uuid4(), **lease)
-            if unit_id is not None:
-                unit = WorkUnit.objects.get(pk=unit_id)
-                unit.round = selectors.round_fixed(unit.round_id)
-                return unit
-    return None
+    return _lease(device_id=device_id, resources=resources, trusted=trusted,
+                  templates=None if templates is None else tuple(templates), now=now, expires=expires,
+                  max_held=max_held)
 
 
 # A claim's three passes (see unit_lease), each one index walk in id order that stops at the first row that fits.
@@ -88,22 +54,25 @@ _PASSES = (
 )
 
 
-def _lease_postgresql(*, device_id: int, resources: dict[str, int], trusted: bool, templates: tuple | None,
-                      now: datetime, expires: datetime, max_held: int) -> WorkUnit | None:
-    """PostgreSQL: each pass leases the first candidate no other claim holds, in one statement (a queue's
-    UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING the leased row), unless the device
-    holds max_held already. The SQL is written once per shape of claim (its backends, trust, templates), not built
-    by the ORM on every claim: building it cost more CPU than running it."""
+def _lease(*, device_id: int, resources: dict[str, int], trusted: bool, templates: tuple | None,
+           now: datetime, expires: datetime, max_held: int) -> WorkUnit | None:
+    """Each pass leases the first candidate no other claim holds, in one statement (a queue's UPDATE ... WHERE
+    id = (SELECT ... LIMIT 1) RETURNING the leased row), unless the device holds max_held already. On PostgreSQL the
+    pick is FOR UPDATE SKIP LOCKED, so concurrent claims each take another row; SQLite has one writer at a time.
+    The SQL is written once per shape of claim (its database, backends, trust, templates), not built by the ORM on
+    every claim: building it cost more CPU than running it."""
     backends = tuple(sorted(resources))
-    params = {"device": device_id, "now": now, "expires": expires, "max_held": max_held, "token": uuid.uuid4(),
+    at = functools.partial(sql.value, WorkUnit, "lease_expires_at")  # a datetime as the database stores one
+    params = {"device": device_id, "now": at(now), "expires": at(expires), "max_held": max_held,
+              "token": sql.value(WorkUnit, "lease_token", uuid.uuid4()),
               "queued": WorkUnit.Status.QUEUED, "leased": WorkUnit.Status.LEASED, "open": Round.Status.OPEN,
               "running": Job.Status.RUNNING,
-              "refused_after": now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS),
+              "refused_after": at(now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS)),
               **{f"like_{b}": f"%{b}%" for b in backends}, **{f"memory_{b}": resources[b] for b in backends},
               **{f"template_{n}": t for n, t in enumerate(templates or ())}}
     for number in range(len(_PASSES)):
-        row = sql.fetch_one(_lease_sql(backends, number, trusted, None if templates is None else len(templates)),
-                            params)
+        row = sql.fetch_one(_lease_sql(connection.vendor, backends, number, trusted,
+                                       None if templates is None else len(templates)), params)
         if row is not None:
             unit = sql.instance(WorkUnit, row)
             unit.round = selectors.round_fixed(unit.round_id)
@@ -112,7 +81,7 @@ def _lease_postgresql(*, device_id: int, resources: dict[str, int], trusted: boo
 
 
 @functools.cache
-def _lease_sql(backends: tuple[str, ...], number: int, trusted: bool, templates: int | None) -> str:
+def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: bool, templates: int | None) -> str:
     unit, rnd, job = sql.table(WorkUnit), sql.table(Round), sql.table(Job)
     dataset = sql.table(Job._meta.get_field("dataset").related_model)
     runnable = " OR ".join(f"(j.backends LIKE %(like_{b})s AND u.min_memory_bytes <= %(memory_{b})s)"
@@ -133,23 +102,12 @@ def _lease_sql(backends: tuple[str, ...], number: int, trusted: bool, templates:
     if templates is not None:
         where.append(f"j.template IN ({', '.join(f'%(template_{n})s' for n in range(templates))})"
                      if templates else "false")
-    pick = (f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} "
-            "ORDER BY u.id LIMIT 1 FOR UPDATE OF u SKIP LOCKED")
+    lock = " FOR UPDATE OF u SKIP LOCKED" if vendor == "postgresql" else ""
+    pick = f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} ORDER BY u.id LIMIT 1{lock}"
     return (f"UPDATE {unit} SET status = %(leased)s, lease_token = %(token)s, leased_device_id = %(device)s, "
             f"lease_expires_at = %(expires)s, attempts = attempts + 1 WHERE id = ({pick}) AND status = %(queued)s "
             f"AND (SELECT count(*) FROM {unit} held WHERE held.status = %(leased)s AND held.leased_device_id = "
             f"%(device)s) < %(max_held)s RETURNING {sql.columns(WorkUnit)}")
-
-
-def _lease_one_of(candidates, *, token: uuid.UUID, **lease) -> int | None:
-    """Elsewhere (SQLite: one writer at a time): the first candidate whose conditional update wins."""
-    if connection.features.has_select_for_update_skip_locked:
-        candidates = candidates.select_for_update(skip_locked=True, of=("self",))
-    for unit_id in candidates.values_list("id", flat=True):
-        if WorkUnit.objects.filter(pk=unit_id, status=WorkUnit.Status.QUEUED).update(
-                lease_token=token, attempts=F("attempts") + 1, **lease):
-            return unit_id
-    return None
 
 
 def unit_heartbeat_holder(*, unit_id: int, device_id: int, lease_seconds: int | None = None) -> datetime | None:
