@@ -153,7 +153,7 @@ def test_a_changed_field_a_changed_model_and_a_wrong_key_or_signature_each_fail_
     _fails(_verify(capsys, tampered, model_path, key_path), "signature does not verify")
 
 
-def test_a_peer_checked_update_names_its_peers(gpu_market, customer_api, tmp_path, capsys):
+def test_a_peer_checked_update_names_its_peers(gpu_market, customer_api, tmp_path, capsys):  # noqa: F811
     trained, (peer, _), job = gpu_market
     _submit(trained)
     _drain(peer)

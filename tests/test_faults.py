@@ -415,7 +415,7 @@ def test_celery_worker_killed_mid_check_the_unit_is_neither_lost_nor_credited_tw
         site.replace_celery_worker()
 
     try:
-        s = run_scenario(site, kill_mid_check, rounds=2)
+        run_scenario(site, kill_mid_check, rounds=2)
     finally:
         if site.worker_name == worker:
             site.replace_celery_worker()

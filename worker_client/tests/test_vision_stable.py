@@ -92,8 +92,6 @@ def test_image_templates_train_on_cuda_with_deterministic_algorithms(template, c
 
 def _shape_images(per_class: int, size: int = 32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Circles, squares and triangles as raw 0-255 RGB pixels, channel first: the newcomer's class-folder zip."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[:size, :size]
     images, labels = [], []
@@ -116,8 +114,6 @@ def _shape_images(per_class: int, size: int = 32, seed: int = 0) -> tuple[torch.
 
 @pytest.mark.parametrize("data", ["shapes", "synthetic"])
 def test_resnet18_trains_stably_with_its_default_hyper_parameters(data):
-    from muninn_worker.samples import synthetic_images
-
     if data == "shapes":
         X, y = _shape_images(per_class=160)
     else:
