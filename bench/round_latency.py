@@ -15,7 +15,7 @@ the rounds' critical-path training. The devices are new, as in `make demo`: the 
 one of their results (re-executed on the Celery worker) before the round can close.
 
     .venv/bin/python bench/round_latency.py [--devices 1,3,10] [--rounds 5] [--train-seconds 3]
-        [--claim-wait 25] [--database-url URL] [--broker URL]
+        [--claim-wait 25] [--validators 1] [--database-url URL] [--broker URL]
 
 Defaults: the embedded stack (SQLite and the filesystem broker, in a temporary folder). `--database-url
 postgres://.../NAME` drops and recreates that database for each fleet; `--broker redis://...` puts Celery (and the
@@ -67,6 +67,7 @@ def main() -> int:
         "platform_s_per_round_median": round(worst_median, 3), "goal_platform_s_per_round": GOAL_PLATFORM_S,
         "overhead_ratio": round(worst_ratio, 3), "goal_overhead_ratio": GOAL_OVERHEAD,
         "train_seconds": options.train_seconds, "rounds": options.rounds, "claim_wait": options.claim_wait,
+        "validators": options.validators,
         "database": "postgresql" if options.database_url else "sqlite", "broker": options.broker,
         "fleets": {str(f["devices"]): {k: v for k, v in f.items() if k not in ("devices", "rounds")}
                    for f in fleets},
@@ -101,6 +102,8 @@ def run_fleet(options: argparse.Namespace, devices: int) -> dict:
             logins = json.loads(stack.manage("seed_demo"))
             url = stack.web(free_port())
             stack.celery_worker()
+            for n in range(1, options.validators):  # more processes on the validation queue (re-executions)
+                stack.celery_worker(f"validator-{n + 1}", queues="validation")
             stack.celery_beat()
             names = [f"device-{i + 1}" for i in range(devices)]
             with ThreadPoolExecutor(max_workers=4) as pool:  # each registration probes the device (imports torch)
@@ -217,6 +220,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--database-url", default="",
                         help="a PostgreSQL database to drop and recreate per fleet (default: SQLite in a temp folder)")
     parser.add_argument("--broker", default="muninnfs://", help="Celery broker URL (default: the filesystem one)")
+    parser.add_argument("--validators", type=int, default=1,
+                        help="Celery processes taking re-executions: the stack's worker, and this many minus one "
+                             "on the validation queue alone (default 1)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process running one fleet
     return parser.parse_args()
 

@@ -94,9 +94,10 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         _refused(device, unit_id, e)
         raise
     try:
-        evidence, state, state_bytes = _check(device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
-                                 reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes,
-                                 signature=signature, live=live)
+        evidence, state, state_bytes = _check(
+            device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
+            reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes, signature=signature,
+            live=live)
     except ResultRejected as e:
         Receipt.objects.create(unit=unit, device=device, lease=lease, status=Receipt.Status.REJECTED,
                                reason=f"{e.code}: {e.message}"[:500], payload=_jsonable(receipt),

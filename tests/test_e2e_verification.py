@@ -84,9 +84,8 @@ def test_honest_devices_of_any_arithmetic_are_paid_cheaters_refused_and_no_job_w
 
     # 2. The newcomer's job, with a cheater (trains on a third of its shard, claims all of it) in the market.
     cheater = stack.register_device(url, accounts.token_for(user=mallory), "cheat-partial")
-    stack.spawn("cheat-partial", [sys.executable, "-m", "tests.attacks.cheater",
-                                  "--device", f"partial_shard={cheater}", "--cache-dir", str(stack.log_dir / "cache-cheat"),
-                                  "--max-units", "20"])
+    stack.spawn("cheat-partial", [sys.executable, "-m", "tests.attacks.cheater", "--device", f"partial_shard={cheater}",
+                                  "--cache-dir", str(stack.log_dir / "cache-cheat"), "--max-units", "20"])
     wait_until_polling(["cheat-partial"], timezone.now())
     second = wait_until_ended(api, url, _start_job(api, url, digits, template="mlp", rounds=3,
                                                    hparams={"hidden": [64, 32], "lr": 0.05, "momentum": 0.9}))

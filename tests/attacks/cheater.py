@@ -1,11 +1,12 @@
-"""A worker client that cheats, for the attack suite: one process per class of cheating.
+"""Worker clients that cheat, for the attack suite: one device per class of cheating, all in one process.
 
     python -m tests.attacks.cheater --cache-dir DIR --device sign_flip=worker.json [--device nan=other.json ...]
 
-Each device runs in its own thread of one process (one adversary, one machine: a single torch import, which
-twelve processes paid in turn on a 2-core machine). It speaks the real protocol with the real client library (muninn_worker.api), trains with the real
-training loop where the strategy needs an honest starting point, and then lies in one specific way, keeping
-its receipt's chain of checkpoints consistent with the lie and answering the site's challenges.
+Each device runs in its own thread (one adversary, one machine: one torch import and one probe, where twelve
+processes had paid them side by side on a 2-core machine). It speaks the real protocol with the real client library
+(muninn_worker.api), trains with the real training loop where the strategy needs an honest starting point, and
+then lies in one specific way, keeping its receipt's chain of checkpoints consistent with the lie and answering
+the site's challenges.
 A device warms torch up before its first claim and heartbeats its lease while it works, as the real client does,
 so each of its results reaches the site's checks instead of coming too late. A device stops when the site
 quarantines it (403), after --max-units, or after --idle seconds without work.
