@@ -41,26 +41,12 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     max_held = max_held or settings.MUNINN_MAX_LEASES_PER_DEVICE
     now = timezone.now()
     expires = now + timedelta(seconds=lease_seconds)
-    return _lease(device_id=device_id, resources=resources, trusted=trusted,
-                  templates=None if templates is None else tuple(templates), now=now, expires=expires,
-                  max_held=max_held)
-
-
-# A claim's three passes (see unit_lease), each one index walk in id order that stops at the first row that fits.
-_PASSES = (
-    "u.preferred_device_id = %(device)s",
-    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s) AND u.backup_of_id IS NOT NULL",
-    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s)",
-)
-
-
-def _lease(*, device_id: int, resources: dict[str, int], trusted: bool, templates: tuple | None,
-           now: datetime, expires: datetime, max_held: int) -> WorkUnit | None:
-    """Each pass leases the first candidate no other claim holds, in one statement (a queue's UPDATE ... WHERE
-    id = (SELECT ... LIMIT 1) RETURNING the leased row), unless the device holds max_held already. On PostgreSQL the
-    pick is FOR UPDATE SKIP LOCKED, so concurrent claims each take another row; SQLite has one writer at a time.
-    The SQL is written once per shape of claim (its database, backends, trust, templates), not built by the ORM on
-    every claim: building it cost more CPU than running it."""
+    templates = None if templates is None else tuple(templates)
+    # Each pass leases the first candidate no other claim holds, in one statement (a queue's UPDATE ... WHERE id =
+    # (SELECT ... LIMIT 1) RETURNING the leased row), unless the device holds max_held already. On PostgreSQL the
+    # pick is FOR UPDATE SKIP LOCKED, so concurrent claims each take another row; SQLite has one writer at a time.
+    # The SQL is written once per shape of claim (its database, backends, trust, templates), not built by the ORM on
+    # every claim: building it cost more CPU than running it.
     backends = tuple(sorted(resources))
     at = functools.partial(sql.value, WorkUnit, "lease_expires_at")  # a datetime as the database stores one
     params = {"device": device_id, "now": at(now), "expires": at(expires), "max_held": max_held,
@@ -78,6 +64,14 @@ def _lease(*, device_id: int, resources: dict[str, int], trusted: bool, template
             unit.round = selectors.round_fixed(unit.round_id)
             return unit
     return None
+
+
+# A claim's three passes (see unit_lease), each one index walk in id order that stops at the first row that fits.
+_PASSES = (
+    "u.preferred_device_id = %(device)s",
+    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s) AND u.backup_of_id IS NOT NULL",
+    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s)",
+)
 
 
 @functools.cache
