@@ -41,7 +41,9 @@ def _site_key_in_tmp(settings, tmp_path):
 def succeeded(customer_api, make_device) -> Job:
     dataset = customer_api.post("/api/datasets", {"file": named_file(digits_npz(400), "digits.npz")},
                                 format="multipart")
-    devices = [make_device("a"), make_device("b")]  # both online when round 1 is planned: two units a round
+    # both online when round 1 is planned: two units in round 1; round 2's shards are sized by the speeds measured
+    # in round 1, so a device the clock found far slower (a loaded machine) may get none (as in test_spine)
+    devices = [make_device("a"), make_device("b")]
     job = create_job(customer_api, dataset.json()["id"], rounds=2)
     done = run_until_done(devices, job["id"])
     assert done.status == Job.Status.SUCCEEDED
@@ -96,7 +98,8 @@ def test_a_succeeded_jobs_certificate_chains_its_rounds_to_the_model_and_verifie
     assert body["job"]["hparams"] == succeeded.hparams and body["job"]["aggregation"] == "fedavg"
     # every update: a pseudonymous device, its receipt and output, and a segment re-trained by the site's validator
     units = [u for r in body["rounds"] for u in r["units"]]
-    assert len(units) == 4 and all(u["in_model"] for u in units)
+    assert [len(r["units"]) for r in body["rounds"]] == [r.metrics["units"] for r in rounds]
+    assert len(body["rounds"][0]["units"]) == 2 and all(u["in_model"] for u in units)
     devices = {d.pk for d in contributor.devices.all()}
     assert {u["device"] for u in units} == {device_pseudonym(d) for d in devices}
     named = json.dumps(body)
@@ -109,7 +112,7 @@ def test_a_succeeded_jobs_certificate_chains_its_rounds_to_the_model_and_verifie
     checked = body["verification"]
     assert checked["trained_steps"] == sum(u["steps"] for u in units)
     assert checked["retrained_steps"] == sum(u["verification"]["retrained_steps"] for u in units)
-    assert 0 < checked["retrained_share"] <= 1 and checked["site_reexecution"] == 4
+    assert 0 < checked["retrained_share"] <= 1 and checked["site_reexecution"] == len(units)
     charges = customer_api.get(f"/api/jobs/{succeeded.pk}/charges").json()
     assert body["money"]["hu_quoted"] == charges["hu_estimated"]
     assert body["money"]["hu_charged"] == charges["hu_charged"]
