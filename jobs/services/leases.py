@@ -60,7 +60,7 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
         row = sql.fetch_one(_lease_sql(connection.vendor, backends, number, trusted,
                                        None if templates is None else len(templates)), params)
         if row is not None:
-            unit = sql.instance(WorkUnit, row)
+            unit = sql.instance(WorkUnit, row[:len(WorkUnit._meta.concrete_fields)])  # (then sql.unflushed's column)
             unit.round = selectors.round_fixed(unit.round_id)
             return unit
     return None
@@ -101,18 +101,24 @@ def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: boo
     return (f"UPDATE {unit} SET status = %(leased)s, lease_token = %(token)s, leased_device_id = %(device)s, "
             f"lease_expires_at = %(expires)s, attempts = attempts + 1 WHERE id = ({pick}) AND status = %(queued)s "
             f"AND (SELECT count(*) FROM {unit} held WHERE held.status = %(leased)s AND held.leased_device_id = "
-            f"%(device)s) < %(max_held)s RETURNING {sql.columns(WorkUnit)}")
+            f"%(device)s) < %(max_held)s RETURNING {sql.columns(WorkUnit)}{sql.unflushed(vendor)}")
 
 
 def unit_heartbeat_holder(*, unit_id: int, device_id: int, lease_seconds: int | None = None) -> datetime | None:
     """Extend the lease of a unit leased to this device now (whichever of its leases: a device holds one lease
     of a unit at a time); None when it holds none."""
     expires = timezone.now() + timedelta(seconds=lease_seconds or settings.MUNINN_LEASE_SECONDS)
-    extended = sql.execute(f"UPDATE {sql.table(WorkUnit)} SET lease_expires_at = %s "  # muninn/sql.py: why
-                           "WHERE id = %s AND status = %s AND leased_device_id = %s",
-                           [sql.value(WorkUnit, "lease_expires_at", expires), unit_id, WorkUnit.Status.LEASED,
-                            device_id])
+    extended = sql.execute(_heartbeat_sql(connection.vendor), [sql.value(WorkUnit, "lease_expires_at", expires),
+                                                               unit_id, WorkUnit.Status.LEASED, device_id])
     return expires if extended else None
+
+
+@functools.cache
+def _heartbeat_sql(vendor: str) -> str:
+    """The holder's heartbeat, written once (muninn/sql.py: why); its commit does not wait for the disk."""
+    returning = f" RETURNING id{sql.unflushed(vendor)}" if sql.unflushed(vendor) else ""
+    return (f"UPDATE {sql.table(WorkUnit)} SET lease_expires_at = %s "
+            f"WHERE id = %s AND status = %s AND leased_device_id = %s{returning}")
 
 
 def unit_heartbeat(*, unit_id: int, lease_token: uuid.UUID, lease_seconds: int | None = None) -> datetime:

@@ -111,6 +111,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    # Django turns psycopg's prepared statements off (None); the worker API's fixed SQL (muninn/sql.py) asks for them
+    # statement by statement, and nothing else prepares: the ORM's cursors bind on the client, which never prepares.
+    # (A pooler in transaction mode, such as PgBouncer's, needs its prepared-statement support turned on.)
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "accounts.User"

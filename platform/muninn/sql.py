@@ -5,6 +5,10 @@ the ORM on each request, building them cost more CPU than running them (query co
 2-core dev machine: bench/api_profile.py). Here they are written once, in SQL both PostgreSQL and SQLite read, and
 each value is prepared by its model field (`value`), so a datetime, a UUID or a JSON value is stored exactly as the
 ORM would store it on either database. Anything that is not on that path stays with the ORM.
+
+On PostgreSQL these statements are also prepared, once per connection: the values are bound by the server and it
+parses and plans each text once, not on every request. Django's own cursors bind on the client (its default, kept
+for the ORM: server-side binding changes how some of its queries read), so they go through `_cursor` instead.
 """
 from __future__ import annotations
 
@@ -28,9 +32,18 @@ def columns(model, alias: str = "") -> str:
     return ", ".join(f"{prefix}{connection.ops.quote_name(f.column)}" for f in model._meta.concrete_fields)
 
 
+def unflushed(vendor: str) -> str:
+    """A RETURNING clause's column that lets the statement's transaction commit without waiting for the disk: on
+    PostgreSQL, `synchronous_commit` off for that transaction alone (`set_config(..., true)`); "" elsewhere. Only for
+    writes whose loss in a crash of the database costs nothing: a lease that vanishes is issued again (its holder's
+    next heartbeat or result is answered `lease_lost`), a heartbeat or a last-seen time is sent again. Never for a
+    result, a receipt or money (and a durable commit after it makes everything written before it durable too)."""
+    return ", set_config('synchronous_commit', 'off', true)" if vendor == "postgresql" else ""
+
+
 def execute(statement: str, params) -> int:
     """Run one statement; returns how many rows it changed."""
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.rowcount
 
@@ -74,15 +87,38 @@ def _update_sql(model, columns_set: tuple[str, ...], columns_where: tuple[str, .
 
 
 def fetch_one(statement: str, params) -> tuple | None:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.fetchone()
 
 
 def fetch_all(statement: str, params) -> list[tuple]:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(statement, params)
         return [tuple(row) for row in cursor.fetchall()]
+
+
+def _cursor():
+    """Django's cursor (errors translated to django.db's, queries captured where Django captures them) over, on
+    PostgreSQL, a psycopg cursor that binds on the server and prepares every statement it runs. psycopg keeps up to
+    `prepared_max` (100) prepared statements per connection; the hot path has about twenty texts."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        return connection._prepare_cursor(_prepared_cursor_class()(connection.connection))
+
+
+@functools.cache
+def _prepared_cursor_class():
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class PreparedCursor(ServerBindingCursor):
+        def execute(self, query, params=None, *, prepare=True, binary=None):
+            return super().execute(query, params, prepare=prepare, binary=binary)
+
+    return PreparedCursor
 
 
 def instance(model, row):
