@@ -14,20 +14,32 @@ from __future__ import annotations
 
 import functools
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 
 def value(model, field: str, python_value):
     """`python_value` as the database stores `model.field` (what the ORM's save would send)."""
-    return model._meta.get_field(field).get_db_prep_save(python_value, connection)
+    return model._meta.get_field(field).get_db_prep_save(python_value, connections[DEFAULT_DB_ALIAS])
 
 
 def table(model) -> str:
-    return connection.ops.quote_name(model._meta.db_table)
+    return _table(model, connection.vendor)
 
 
 def columns(model, alias: str = "") -> str:
     """The model's concrete columns in field order: what Model.from_db(alias, None, row) reads."""
+    return _columns(model, alias, connection.vendor)
+
+
+# Quoted once per model: some statements are written as they run (a few words around these), and `connection` is a
+# proxy that finds this thread's connection on every attribute read.
+@functools.cache
+def _table(model, vendor: str) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+@functools.cache
+def _columns(model, alias: str, vendor: str) -> str:
     prefix = f"{alias}." if alias else ""
     return ", ".join(f"{prefix}{connection.ops.quote_name(f.column)}" for f in model._meta.concrete_fields)
 
@@ -43,18 +55,16 @@ def unflushed(vendor: str) -> str:
 
 def execute(statement: str, params) -> int:
     """Run one statement; returns how many rows it changed."""
-    with _cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.rowcount
+    return _run(statement, params, lambda cursor: cursor.rowcount)
 
 
 def insert(obj):
     """INSERT a new model instance as the ORM's save would (defaults and auto_now_add filled in, each value prepared
     by its field), in a statement written once per model; sets its id. Sends no model signals."""
-    model = type(obj)
+    model, db = type(obj), connections[DEFAULT_DB_ALIAS]
     fields = _insert_fields(model)
-    obj.pk = fetch_one(_insert_sql(model), [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields])[0]
-    obj._state.adding, obj._state.db = False, connection.alias
+    obj.pk = fetch_one(_insert_sql(model), [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields])[0]
+    obj._state.adding, obj._state.db = False, db.alias
     return obj
 
 
@@ -87,27 +97,32 @@ def _update_sql(model, columns_set: tuple[str, ...], columns_where: tuple[str, .
 
 
 def fetch_one(statement: str, params) -> tuple | None:
-    with _cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.fetchone()
+    return _run(statement, params, lambda cursor: cursor.fetchone())
 
 
 def fetch_all(statement: str, params) -> list[tuple]:
-    with _cursor() as cursor:
-        cursor.execute(statement, params)
-        return [tuple(row) for row in cursor.fetchall()]
+    return _run(statement, params, lambda cursor: [tuple(row) for row in cursor.fetchall()])
 
 
-def _cursor():
-    """Django's cursor (errors translated to django.db's, queries captured where Django captures them) over, on
-    PostgreSQL, a psycopg cursor that binds on the server and prepares every statement it runs. psycopg keeps up to
-    `prepared_max` (100) prepared statements per connection; the hot path has about twenty texts."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        return connection._prepare_cursor(_prepared_cursor_class()(connection.connection))
+def _run(statement: str, params, read):
+    """Run the statement through Django's cursor wrapper (errors translated to django.db's, queries captured where
+    Django captures them) and return `read(cursor)`. On PostgreSQL the cursor under it binds on the server and
+    prepares every statement it runs (psycopg keeps up to `prepared_max`, 100, per connection; the hot path has
+    about twenty texts), and it is one cursor per connection, kept open: making a psycopg cursor per statement
+    (its adapters copied, Django's connection proxy read half a dozen times) was ~5 % of the web's CPU under load."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor != "postgresql":
+        with db.cursor() as cursor:
+            cursor.execute(statement, params)
+            return read(cursor)
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    raw = db.__dict__.get("_muninn_prepared")
+    if raw is None or raw.connection is not db.connection or raw.closed:
+        raw = db._muninn_prepared = _prepared_cursor_class()(db.connection)
+    cursor = db._prepare_cursor(raw)  # not closed after: the next statement on this connection reuses it
+    cursor.execute(statement, params)
+    return read(cursor)
 
 
 @functools.cache
@@ -124,11 +139,12 @@ def _prepared_cursor_class():
 def instance(model, row):
     """A model instance from a row of `columns(model)`, as the ORM builds one from a query: each value through the
     converters the ORM would apply (JSON decoded, SQLite's datetimes and UUIDs parsed)."""
+    db = connections[DEFAULT_DB_ALIAS]
     values = list(row)
-    for n, col, converters in _converters(model, connection.vendor):
+    for n, col, converters in _converters(model, db.vendor):
         for convert in converters:
-            values[n] = convert(values[n], col, connection)
-    return model.from_db(connection.alias, None, values)
+            values[n] = convert(values[n], col, db)
+    return model.from_db(db.alias, None, values)
 
 
 @functools.cache
