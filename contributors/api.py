@@ -340,7 +340,8 @@ def credited_payload(receipt) -> dict:
     charge is posted moments after the answer, off the request (contributors.credit): until then `credit` is
     "pending" and nothing is earned yet; every charged unit earns something (MUNINN_MIN_EARNING_PER_UNIT)."""
     accepted = receipt.status == receipt.Status.ACCEPTED
-    earned = ledger.unit_earned(unit=receipt.unit) if accepted else 0
+    # a receipt still marked credit_pending has no charge yet (the charge and the mark's clearing commit together)
+    earned = ledger.unit_earned(unit=receipt.unit) if accepted and not receipt.credit_pending else 0
     payload = {"credited_hu": hu_str(receipt.unit.hu if accepted else 0), "earned_nanos": earned,
                "earned": money.format_money(earned, settings.MUNINN_CURRENCY), "currency": settings.MUNINN_CURRENCY}
     if accepted:

@@ -28,29 +28,29 @@ def _credit_on_commit(sender, job_id: int, **kwargs) -> None:
     transaction.on_commit(lambda: _credit_soon(job_id))
 
 
-_credit_due_at: dict[int, float] = {}  # job id → when (time.time) the batch this process last sent runs
+_credit_due_at = 0.0  # when (time.time) the batch this process last sent runs
 _credit_lock = threading.Lock()
 
 
 def _credit_soon(job_id: int) -> None:
-    """One `credit_results` message per job per MUNINN_CREDIT_BATCH_SECONDS from this process, not one per
-    result: a message is sent to run that many seconds later, and the job's results committed before then are
-    left to it (each was committed before the batch it waits for can run, so the batch finds it). Sending a
-    message per accepted result cost the web ~4 % of its CPU under load, and the Celery worker one task each.
-    A worker whose clock runs ahead of this one's by more than the window could run a batch early; beat's
-    sweep (sweep_pending_credits) posts whatever that missed."""
+    """One `credit_results` message per MUNINN_CREDIT_BATCH_SECONDS from this process, for every job, not one per
+    result: a message is sent to run that many seconds later, and the results committed before then are left to it
+    (each was committed before the batch it waits for can run, so the batch finds it). Sending a message per
+    accepted result cost the web ~4 % of its CPU under load, and the Celery worker one task each; one per job and
+    window still sent nearly one per result with 40 jobs on 3 web processes (~3 % of the web's CPU). A worker whose
+    clock runs ahead of this one's by more than the window could run a batch early; beat's sweep
+    (sweep_pending_credits) posts whatever that missed."""
+    global _credit_due_at
     window = settings.MUNINN_CREDIT_BATCH_SECONDS
     if window <= 0 or current_app.conf.task_always_eager:  # eager (tests): the task runs now, so one per result
         credit_results.delay(job_id)
         return
     now = time.time()
     with _credit_lock:
-        if now < _credit_due_at.get(job_id, 0.0):
+        if now < _credit_due_at:
             return
-        if len(_credit_due_at) > 4096:
-            _credit_due_at.clear()
-        _credit_due_at[job_id] = now + window
-    credit_results.apply_async((job_id,), countdown=window)
+        _credit_due_at = now + window
+    credit_results.apply_async((None,), countdown=window)
 
 
 @shared_task(name="contributors.tasks.verify_unit")
@@ -59,9 +59,8 @@ def verify_unit(unit_id: int) -> None:
 
 
 @shared_task(name="contributors.tasks.credit_results")
-def credit_results(job_id: int) -> int:
-    """Charge the job's accepted results that wait for it, a batch at a time (one per result is enqueued; the
-    first finds them all and the rest find nothing)."""
+def credit_results(job_id: int | None) -> int:
+    """Charge the accepted results that wait for it, of the job (None: of every job), a batch at a time."""
     return credit.credit_all_pending(job_id=job_id)
 
 
