@@ -8,7 +8,7 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from muninn_worker import segments, tensors, training, zoo
 
@@ -158,30 +158,43 @@ def _live_receipt(device: Device, unit_id: int, output_sha: str,
 
 def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, signature: str, evidence: dict,
             output_sha: str, result_sha: str, metrics: dict, verify: bool, challenged: list[int]) -> Receipt:
-    with transaction.atomic():
-        unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=result_sha,
-                                                samples=receipt["samples"], metrics=metrics, verify=verify, unit=unit)
-        stored = sql.insert(Receipt(  # a statement written once (muninn/sql.py): every result stores one
-            unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
-            status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, credit_pending=not verify,
-            payload=_jsonable(receipt),
-            weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
-            output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
-            loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
-            train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
-            finished_at=receipt["finished_at"], segment_steps=receipt["segment_steps"],
-            checkpoints=receipt["checkpoints"], challenge_segments=challenged,
-            challenge_deadline=(timezone.now() + timezone.timedelta(seconds=settings.MUNINN_CHALLENGE_SECONDS)
-                                if challenged else None),
-        ))
-        if verify and not challenged:  # a diverged result: the validator re-trains the unit whole, at once
-            reexecution_due.send(sender=Receipt, unit_id=unit.pk)
-        elif not verify:  # charged off the request, in a batch per job (contributors.credit)
-            credit_on_commit(unit.round.job_id)
-        if round_complete:
-            aggregate_on_commit(unit.round_id)
-        failpoint("result.before_commit")
+    """Store the receipt and accept the unit in one transaction. The receipt goes first: unit_accept takes the
+    round's lock, which every result of the round waits on until this transaction commits, so nothing that need
+    not be under it is. A concurrent delivery of the same result that committed its receipt first makes this
+    insert fail on the unit's one live receipt (a Conflict, as unit_accept would raise)."""
+    try:
+        with transaction.atomic():
+            stored = sql.insert(Receipt(  # a statement written once (muninn/sql.py): every result stores one
+                unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
+                status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, credit_pending=not verify,
+                payload=_jsonable(receipt),
+                weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
+                output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
+                loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
+                train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
+                finished_at=receipt["finished_at"], segment_steps=receipt["segment_steps"],
+                checkpoints=receipt["checkpoints"], challenge_segments=challenged,
+                challenge_deadline=(timezone.now() + timezone.timedelta(seconds=settings.MUNINN_CHALLENGE_SECONDS)
+                                    if challenged else None),
+            ))
+            unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token,
+                                                    result_sha256=result_sha, samples=receipt["samples"],
+                                                    metrics=metrics, verify=verify, unit=unit)
+            if verify and not challenged:  # a diverged result: the validator re-trains the unit whole, at once
+                reexecution_due.send(sender=Receipt, unit_id=unit.pk)
+            elif not verify:  # charged off the request, in a batch per job (contributors.credit)
+                credit_on_commit(unit.round.job_id)
+            if round_complete:
+                aggregate_on_commit(unit.round_id)
+            failpoint("result.before_commit")
+    except IntegrityError:
+        if not Receipt.objects.filter(unit_id=unit.pk, status__in=LIVE).exists():
+            raise
+        raise Conflict("This unit already has a result.", code="already_done") from None
     return stored
+
+
+LIVE = (Receipt.Status.PENDING, Receipt.Status.ACCEPTED)  # a unit has at most one such receipt (a constraint)
 
 
 def credit_on_commit(job_id: int) -> None:
