@@ -86,14 +86,20 @@ def main() -> int:
     from scripts.stack import Stack, base_env, free_port
 
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
-        url = stack.web(free_port(), workers=options.workers, threads=options.threads)
+        access_log = tmp / "access.log"
+        web_env = {**stack.env, "GUNICORN_CMD_ARGS": f"--access-logfile {access_log} --access-logformat %(U)s|%(D)s"}
+        url = stack.web(free_port(), workers=options.workers, threads=options.threads,
+                        env=web_env if options.server_times else None)
         world = build_world(url, options)
         web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
         phases = {}
         for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
             before = _cpu_seconds(web_pid, options.database_url)
+            logged = access_log.stat().st_size if access_log.exists() else 0
             phases[phase] = asyncio.run(_drive(url, world, options, rate=rate))
             after = _cpu_seconds(web_pid, options.database_url)
+            if options.server_times:
+                phases[phase].server = _server_times(access_log, logged)
             phases[phase].cpu = defaultdict(float)
             for (who, pid), seconds in after.items():  # per process: one that ended in between counts nothing
                 phases[phase].cpu[who] += seconds - before.get((who, pid), 0.0)
@@ -118,6 +124,7 @@ class Stats:
     empty_claims: int = 0
     elapsed: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds used in the phase: web, database, devices
+    server: dict[str, list[float]] = field(default_factory=dict)  # --server-times: gunicorn's own, per op
 
     def ok(self, op: str | None = None) -> int:
         ops = [op] if op else list(self.statuses)
@@ -345,6 +352,21 @@ def _client_double_leases(stats: Stats) -> tuple[int, int]:
     return again, doubles
 
 
+def _server_times(access_log: Path, offset: int) -> dict[str, list[float]]:
+    """Seconds gunicorn took for each request it logged after `offset` (its access log's `%(D)s`, from the request
+    read to the answer sent): the site's own latency, without the devices' event loop (one process for 200
+    devices, which builds and signs results between requests) in the way."""
+    times: dict[str, list[float]] = defaultdict(list)
+    with access_log.open() as log:
+        log.seek(offset)
+        for line in log:
+            path, _, micros = line.strip().rpartition("|")
+            name = path.rsplit("/", 1)[-1]
+            if name in ("claim", "heartbeat", "weights", "result") and micros.isdigit():
+                times[name].append(int(micros) / 1e6)
+    return times
+
+
 # --- The report -----------------------------------------------------------------------------------
 
 def _quantile(values: list[float], q: float) -> float:
@@ -379,6 +401,11 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         print(f"CPU per ok op: web {per_op.get('web', 0):.1f} ms, database {per_op.get('database', 0):.1f} ms, "
               f"devices {per_op.get('devices', 0):.1f} ms; the site alone on {os.cpu_count()} idle cores: "
               f"~{os.cpu_count() * 1e3 / server if server else float('nan'):.0f} ops/s")
+        if stats.server:
+            print("gunicorn's own time (its access log), p50 / p99 ms: " + ", ".join(
+                f"{name} {_quantile(v, 0.5) * 1e3:.1f} / {_quantile(v, 0.99) * 1e3:.1f}"
+                for name, v in stats.server.items()) + ", all {:.1f} / {:.1f}".format(
+                *(_quantile([x for v in stats.server.values() for x in v], q) * 1e3 for q in (0.5, 0.99))))
         again, doubles = _client_double_leases(stats)
         print(f"empty claims (204) {stats.empty_claims}; units leased again {again}, overlapping (client) {doubles}")
         all_lat = [x for v in stats.latencies.values() for x in v]
@@ -390,6 +417,10 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                           "empty_claims": stats.empty_claims,
                           "cpu_ms_per_op": {k: round(v, 2) for k, v in per_op.items()},
                           "cpu_bound_ops_per_s": round(os.cpu_count() * 1e3 / server, 1) if server else None}
+        if stats.server:
+            every = [x for v in stats.server.values() for x in v]
+            figures[phase]["server_p50_ms"] = round(_quantile(every, 0.5) * 1e3, 1)
+            figures[phase]["server_p99_ms"] = round(_quantile(every, 0.99) * 1e3, 1)
         for message in stats.errors[:5]:
             print(f"  error: {message}")
     print(f"\ndatabase: {db['leases']:,} leases, {db['units_leased_again']} units leased more than once, "
@@ -414,6 +445,8 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         "cpu_ms_per_op": figures["saturated"]["cpu_ms_per_op"],
         "cpu_bound_ops_per_s": figures["saturated"]["cpu_bound_ops_per_s"],
         "credit_cpu_ms_per_result": credit["cpu_ms_per_result"],
+        **({"server_p50_ms": figures["paced"]["server_p50_ms"], "server_p99_ms": figures["paced"]["server_p99_ms"]}
+           if options.server_times else {}),
         "conflicts": sum(f["conflicts"] for f in figures.values()),
         "client_double_leases": client_doubles, "db_double_leases": db["double_leases"],
         **{f"plan_ms_{size}": round(t["round_open_ms"], 1) for size, t in plans.items()},
@@ -435,6 +468,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes (default 3)")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
     parser.add_argument("--new-devices", action="store_true", help="devices start new (every result re-executed)")
+    parser.add_argument("--server-times", action="store_true",
+                        help="also gunicorn's own time per request, from its access log (costs the web a little CPU)")
     parser.add_argument("--skip-planning", action="store_true", help="only the load phases")
     parser.add_argument("--plan-repeats", type=int, default=3, help="timed round_open runs per size (default 3)")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
