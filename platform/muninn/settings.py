@@ -260,10 +260,10 @@ CELERY_TASK_ROUTES = {"contributors.tasks.verify_unit": {"queue": "validation"}}
 # A round or job whose message was lost (a broker restart, a killed worker) is resumed after this long;
 # a re-execution waiting twice as long is enqueued again. Short in the fault suite, so its scenarios stay quick.
 MUNINN_STALL_SECONDS = env.int("MUNINN_STALL_SECONDS", default=30)
-# An accepted result's charge is posted by a batch per job (contributors.credit): one message per job per this many
-# seconds from each web process, run that many seconds later, instead of one per result (contributors.tasks). Under
-# bench/load.py's 40 jobs a job's results came ~0.6 s apart, so a 0.25 s window still sent a message for nearly every
-# result (~4 % of the web's CPU, py-spy); a contributor sees an accepted result's earnings within about a second.
+# An accepted result's charge is posted in batches off the request (contributors.credit): one message per this many
+# seconds from each web process, for every job's pending credits, run that many seconds later, instead of one per
+# result (contributors.tasks; a message per result was ~4 % of the web's CPU under bench/load.py, py-spy); a
+# contributor sees an accepted result's earnings within about a second.
 MUNINN_CREDIT_BATCH_SECONDS = env.float("MUNINN_CREDIT_BATCH_SECONDS", default=1.0)
 CELERY_BEAT_SCHEDULE = {
     "sweep-pending-verifications": {"task": "contributors.tasks.sweep_pending_verifications",
