@@ -38,9 +38,11 @@ def upload(api, *, sensitive, rows: int | None = None) -> dict:
 
 
 def make_trusted(*devices: SimulatedDevice) -> None:
-    """A record that meets the default policy: 50 verified results, registered 30 days ago."""
+    """A record that meets the default policy: 50 verified results, registered 30 days ago. No speed on record
+    (0): with the registration's 1,000 samples/s as its record, a fast machine trains these small units "implausibly
+    fast", which draws a second challenged segment (a second peer check) that these tests do not expect."""
     Device.objects.filter(pk__in=[d.device.pk for d in devices]).update(
-        verified_total=50, verified_streak=50, created_at=timezone.now() - timedelta(days=30))
+        verified_total=50, verified_streak=50, created_at=timezone.now() - timedelta(days=30), samples_per_s=0.0)
 
 
 def claimed_unit(device: SimulatedDevice) -> WorkUnit | None:
