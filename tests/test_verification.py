@@ -11,6 +11,7 @@ from muninn_worker import segments, tensors
 from billing import selectors as ledger
 from billing.models import Transaction
 from contributors import challenges, checks, tolerances
+from contributors import selectors as contributor_selectors
 from contributors import services as contributors
 from contributors.models import Device, DeviceEvent, Receipt
 from contributors.selectors import receipt_was_checked
@@ -399,7 +400,13 @@ def _run_market(devices, malicious, job_id: int) -> Job:
     raise AssertionError("the job did not finish")
 
 
-def test_a_fifth_of_malicious_devices_costs_less_than_a_point_of_accuracy(customer_api, digits_dataset, make_device):
+def test_a_fifth_of_malicious_devices_costs_less_than_a_point_of_accuracy(customer_api, digits_dataset, make_device,
+                                                                         monkeypatch):
+    # Every device planned at one speed: shards sized by measured speeds follow the machine's load, which moved the
+    # two jobs' accuracies apart by more than the point compared here (a fresh-clone CI: 0.928 against 0.939).
+    measured = contributor_selectors.device_capacities_online
+    monkeypatch.setattr(contributor_selectors, "device_capacities_online",
+                        lambda **needs: [(device_id, 1e9) for device_id, _ in measured(**needs)])
     devices = [make_device(f"d{i}") for i in range(5)]
     honest_job = create_job(customer_api, digits_dataset["id"], rounds=3, aggregation="trimmed_mean")
     honest = _run_market(devices, [], honest_job["id"])
