@@ -86,16 +86,17 @@ def main() -> int:
     from scripts.stack import Stack, base_env, free_port
 
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
-        access_log = tmp / "access.log"
-        web_env = {**stack.env, "GUNICORN_CMD_ARGS": f"--access-logfile {access_log} --access-logformat %(U)s|%(D)s"}
+        access_log = tmp / "access.log"  # --server-times: gunicorn's request time per request
+        logging_env = {**stack.env, "GUNICORN_CMD_ARGS": f"--access-logfile {access_log} "
+                                                         "--access-logformat %(U)s|%(D)s"}
         url = stack.web(free_port(), workers=options.workers, threads=options.threads,
-                        env=web_env if options.server_times else None)
+                        env=logging_env if options.server_times else None)
         world = build_world(url, options)
         web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
         phases = {}
         for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
             before = _cpu_seconds(web_pid, options.database_url)
-            logged = access_log.stat().st_size if access_log.exists() else 0
+            logged = access_log.stat().st_size if options.server_times else 0
             phases[phase] = asyncio.run(_drive(url, world, options, rate=rate))
             after = _cpu_seconds(web_pid, options.database_url)
             if options.server_times:

@@ -81,5 +81,5 @@ def _touch_sql(vendor: str, *, alone: bool) -> str:
     """Written once (muninn/sql.py: why). Run in a transaction of its own (`alone`), its commit does not wait for
     the disk: a last-seen time lost is sent again by the device's next request. Inside a caller's transaction
     it leaves that transaction's commit as it is."""
-    returning = f" RETURNING id{sql.unflushed(vendor)}" if alone and sql.unflushed(vendor) else ""
+    returning = sql.unflushed_returning(vendor) if alone else ""
     return f"UPDATE {sql.table(Device)} SET last_seen_at = %s WHERE id = %s{returning}"

@@ -62,7 +62,6 @@ def test_concurrent_claims_never_lease_a_unit_twice(customer, contributor, setti
     assert WorkUnit.objects.filter(round__job=job, status=WorkUnit.Status.LEASED).count() == units
 
 
-
 def test_the_hot_paths_statements_are_prepared_once_per_connection(customer, contributor):
     """The worker API's fixed SQL (muninn/sql.py) is prepared on PostgreSQL: a second device's claim runs the
     statements the first one prepared on this connection (each text prepared once), and leases another unit."""

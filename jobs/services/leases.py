@@ -116,9 +116,8 @@ def unit_heartbeat_holder(*, unit_id: int, device_id: int, lease_seconds: int | 
 @functools.cache
 def _heartbeat_sql(vendor: str) -> str:
     """The holder's heartbeat, written once (muninn/sql.py: why); its commit does not wait for the disk."""
-    returning = f" RETURNING id{sql.unflushed(vendor)}" if sql.unflushed(vendor) else ""
     return (f"UPDATE {sql.table(WorkUnit)} SET lease_expires_at = %s "
-            f"WHERE id = %s AND status = %s AND leased_device_id = %s{returning}")
+            f"WHERE id = %s AND status = %s AND leased_device_id = %s{sql.unflushed_returning(vendor)}")
 
 
 def unit_heartbeat(*, unit_id: int, lease_token: uuid.UUID, lease_seconds: int | None = None) -> datetime:

@@ -53,6 +53,11 @@ def unflushed(vendor: str) -> str:
     return ", set_config('synchronous_commit', 'off', true)" if vendor == "postgresql" else ""
 
 
+def unflushed_returning(vendor: str) -> str:
+    """`unflushed` as a whole RETURNING clause, for a statement that returns nothing else ("" elsewhere)."""
+    return f" RETURNING 1{unflushed(vendor)}" if unflushed(vendor) else ""
+
+
 def execute(statement: str, params) -> int:
     """Run one statement; returns how many rows it changed."""
     return _run(statement, params, lambda cursor: cursor.rowcount)
