@@ -4,7 +4,7 @@ import os
 import threading
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import task_postrun, task_prerun, worker_process_init
 
 from .broker import register as register_embedded_broker
 
@@ -21,10 +21,29 @@ log = logging.getLogger(__name__)
 def _warm_up_torch(**kwargs) -> None:
     """Each process that runs tasks pays torch's first-use costs (about a second) at start, not inside the first
     segment re-execution a round waits on (muninn_worker.training.warm_up). In a thread: a prefork child must
-    report ready within seconds, and a task that arrives meanwhile simply runs beside it."""
+    report ready within seconds, and a task that arrives meanwhile simply runs beside it. First, the process's
+    torch threads (settings.MUNINN_TASK_TORCH_THREADS: why one)."""
+    import torch
+    from django.conf import settings
+
+    torch.set_num_threads(settings.MUNINN_TASK_TORCH_THREADS)
+
     def warm() -> None:
         from muninn_worker.training import warm_up
 
         log.info("torch warmed up in %.2f s", warm_up())
 
     threading.Thread(target=warm, name="muninn-warm-up", daemon=True).start()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(sender=None, **kwargs) -> None:
+    """What Django does around each request, around each task: a connection that broke, or is older than
+    CONN_MAX_AGE, is closed, and the next query opens a fresh one (settings.CELERY_DB_REUSE_MAX: why not all).
+    Not for a task run eagerly inside its caller, whose transaction holds the connection."""
+    if sender is not None and getattr(sender.request, "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()

@@ -260,6 +260,16 @@ CELERY_TASK_ROUTES = {"contributors.tasks.verify_unit": {"queue": "validation"}}
 # A round or job whose message was lost (a broker restart, a killed worker) is resumed after this long;
 # a re-execution waiting twice as long is enqueued again. Short in the fault suite, so its scenarios stay quick.
 MUNINN_STALL_SECONDS = env.int("MUNINN_STALL_SECONDS", default=30)
+# Torch threads per Celery process (segment re-executions, aggregation). One: a validator scales by processes
+# (--concurrency, one per core), and a process with a pool of its own beside others oversubscribes the cores. On
+# this 2-core machine, with the web and clients busy, an 8-step MLP segment took p90 376 ms on 2 threads against
+# 37 ms on one (2026-11-25). Raise it only on a validator machine running one process.
+MUNINN_TASK_TORCH_THREADS = env.int("MUNINN_TASK_TORCH_THREADS", default=1)
+# Celery's Django fix-up closes every database connection before and after each task unless this is set, so each
+# segment check opened a connection and warmed a new PostgreSQL backend's catalog caches: ~40 % of a check's time
+# under bench/round_latency.py (py-spy, 2026-11-25). Kept instead, as the web keeps its own: closed by
+# muninn.celery when broken or older than CONN_MAX_AGE (SQLite's 0: after every task, as before).
+CELERY_DB_REUSE_MAX = 1_000_000
 # An accepted result's charge is posted in batches off the request (contributors.credit): one message per this many
 # seconds from each web process, for every job's pending credits, run that many seconds later, instead of one per
 # result (contributors.tasks; a message per result was ~4 % of the web's CPU under bench/load.py, py-spy); a
