@@ -15,7 +15,7 @@ the rounds' critical-path training. The devices are new, as in `make demo`: the 
 one of their results (re-executed on the Celery worker) before the round can close.
 
     .venv/bin/python bench/round_latency.py [--devices 1,3,10] [--rounds 5] [--train-seconds 3]
-        [--claim-wait 25] [--validators 1] [--database-url URL] [--broker URL]
+        [--claim-wait 25] [--validators 1] [--database-url URL] [--broker URL] [--keep]
 
 Defaults: the embedded stack (SQLite and the filesystem broker, in a temporary folder). `--database-url
 postgres://.../NAME` drops and recreates that database for each fleet; `--broker redis://...` puts Celery (and the
@@ -60,6 +60,8 @@ def main() -> int:
             print(child.stdout[-3000:], child.stderr[-5000:], sep="\n", file=sys.stderr)
             return 1
         fleets.append(json.loads(child.stdout.strip().splitlines()[-1]))
+        if options.keep:
+            print(child.stderr.strip().splitlines()[-1])
     _print_table(fleets, options)
     worst_median = max(f["platform_s_median"] for f in fleets)
     worst_ratio = max(f["overhead_ratio"] for f in fleets)
@@ -114,14 +116,55 @@ def run_fleet(options: argparse.Namespace, devices: int) -> dict:
                                     env=worker_env)
             for name in names:  # every client claiming before the job starts, so round 1 waits for none
                 stack.wait_for_log(name, "muninn-worker")
+            before = _cpu_by_part(stack)
             job_id = _run_job(url, logins["customer"]["token"], options.rounds)
+            spent = {part: seconds - before.get(part, 0.0) for part, seconds in _cpu_by_part(stack).items()}
             ok = True
-            return {"devices": devices, **_figures(job_id)}
+            return {"devices": devices, **_figures(job_id),
+                    "cpu_s_per_round": {part: round(s / options.rounds, 3) for part, s in spent.items()}}
     finally:
-        if ok:
+        if ok and not options.keep:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
-            print(f"logs kept in {tmp / 'log'}", file=sys.stderr)
+            print(f"kept: logs in {tmp / 'log'}, blobs in {tmp / 'media'}", file=sys.stderr)
+
+
+def _cpu_by_part(stack) -> dict[str, float]:
+    """CPU seconds (user + system) each part of the stack has used so far, its child processes included: the web,
+    the Celery processes, beat, the worker clients, and every PostgreSQL process on the machine (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    def tree(pid: int) -> float:
+        children = []
+        for task in Path(f"/proc/{pid}/task").glob("*/children"):
+            try:
+                children += [int(c) for c in task.read_text().split()]
+            except OSError:
+                pass
+        return own(pid) + sum(tree(c) for c in children)
+
+    parts: dict[str, float] = {}
+    for name, proc in stack.procs:
+        part = ("clients" if name.startswith("device-") else "celery" if name.startswith(("celery-worker", "validator"))
+                else name)
+        parts[part] = parts.get(part, 0.0) + tree(proc.pid)
+    parts["postgres"] = sum(own(int(p.name)) for p in Path("/proc").iterdir()
+                            if p.name.isdigit() and _comm(p) == "postgres")
+    return parts
+
+
+def _comm(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _run_job(url: str, token: str, rounds: int) -> int:
@@ -199,6 +242,14 @@ def _print_table(fleets: list[dict], options: argparse.Namespace) -> None:
         print(f"{f['devices']:>7} " + " ".join(
             f"{statistics.median(r[step + '_s'] for r in f['rounds']):>8.3f}s" for step in STEPS)
             + f" {f['first_round_s']:>10.3f}s")
+    print("\nCPU seconds per round, by part of the stack (its processes and their children; postgres: every "
+          "PostgreSQL process on the machine)")
+    parts = sorted({part for f in fleets for part in f["cpu_s_per_round"]})
+    print(f"{'devices':>7} " + " ".join(f"{part:>9}" for part in parts) + f" {'all':>9}")
+    for f in fleets:
+        cpu = f["cpu_s_per_round"]
+        print(f"{f['devices']:>7} " + " ".join(f"{cpu.get(part, 0.0):>8.3f}s" for part in parts)
+              + f" {sum(cpu.values()):>8.3f}s")
     print()
 
 
@@ -223,6 +274,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--validators", type=int, default=1,
                         help="Celery processes taking re-executions: the stack's worker, and this many minus one "
                              "on the validation queue alone (default 1)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each fleet's folder (logs, blobs) for inspection; the database is kept anyway")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process running one fleet
     return parser.parse_args()
 
