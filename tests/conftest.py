@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -26,6 +27,26 @@ from billing import services as billing
 from billing.models import PayoutAccount
 from contributors import services as contributors
 from muninn.celery import app as celery_app
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, and at the end no session left on it that would stop it being dropped: the
+    real processes of the end-to-end tests keep their connections (gunicorn for CONN_MAX_AGE, Celery between
+    tasks), and a backend outlives its killed process by a moment."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        for _ in range(50):
+            cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            if not cursor.fetchone()[0]:
+                break
+            time.sleep(0.1)
+    connection.close()
 
 
 @pytest.fixture(autouse=True)
