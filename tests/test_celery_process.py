@@ -20,7 +20,7 @@ def test_celerys_fixup_leaves_connections_open_between_tasks():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_task_keeps_its_connection_unless_it_is_broken_or_too_old(settings):
+def test_a_task_keeps_its_connection_unless_it_is_broken_or_too_old():
     if connection.vendor != "postgresql":
         pytest.skip("SQLite's CONN_MAX_AGE is 0: its connection is closed after every task, as Django's is")
     with connection.cursor() as cursor:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from .tensors import NotSafetensors, bytes_to_state_dict, state_dict_to_bytes
+from .tensors import NotSafetensors, bytes_to_state_dict, plain_tensors, state_dict_to_bytes
 
 ENCODINGS = ("fp32", "fp16", "int8")
 WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "int8": torch.int8}
@@ -123,8 +123,7 @@ def decode_tensors(encoded: Mapping[str, Tensor], base: Mapping[str, Tensor], en
 def roundtrip(new: Mapping[str, Tensor], base: Mapping[str, Tensor], encoding: str) -> dict[str, Tensor]:
     """What the site makes of `new` once it has travelled in `encoding`: re-execution compares through this.
     Without the bytes between: safetensors carries tensors exactly, so the tensors as the wire would hold them
-    (detached, on the CPU) decode to the same values, without serialising and deflating the whole model twice
-    (a fifth of the site's time on a challenged checkpoint, py-spy under bench/round_latency.py)."""
-    encoded = {name: value.detach().to("cpu").contiguous()
-               for name, value in encode_tensors(new, base, encoding).items()}
-    return decode_tensors(encoded, base, encoding)
+    (tensors.plain_tensors, what state_dict_to_bytes writes) decode to the same values, without serialising and
+    deflating the whole model twice (a fifth of the site's time on a challenged checkpoint, py-spy under
+    bench/round_latency.py)."""
+    return decode_tensors(plain_tensors(encode_tensors(new, base, encoding)), base, encoding)

@@ -46,7 +46,7 @@ def state_dict_to_bytes(sd: dict[str, Tensor], metadata: dict[str, str] | None =
     """Serialise a state_dict to safetensors bytes: the same tensors and metadata always give the same bytes."""
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise TypeError("safetensors metadata must map str to str")
-    data = _st_save(_plain_tensors(sd), metadata=metadata)
+    data = _st_save(plain_tensors(sd), metadata=metadata)
     return _metadata_sorted(data) if metadata else data
 
 
@@ -103,7 +103,7 @@ def bytes_to_shard(data: bytes) -> tuple[Tensor, Tensor]:
     return X, y
 
 
-def _plain_tensors(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+def plain_tensors(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     """Detached, contiguous CPU tensors that share no storage (safetensors refuses shared storage)."""
     out: dict[str, Tensor] = {}
     seen: set[int] = set()
