@@ -2,6 +2,7 @@
 divergent jobs, reputation, quarantine, robust aggregation per job."""
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -382,22 +383,29 @@ def test_jobs_run_with_a_robust_aggregation_rule(customer_api, digits_dataset, m
     assert_ledger_consistent(done)
 
 
-def _run_market(devices, malicious, job_id: int) -> Job:
-    """Every device works in turn until the job ends; malicious ones sign-flip their updates."""
-    for _ in range(400):
+def _run_market(devices, malicious, job_id: int, seconds: float = 120.0) -> Job:
+    """Every device works in turn until the job ends; malicious ones sign-flip their updates. Bounded in time,
+    not in turns: each refused unit waits out its backoff (MUNINN_UNIT_BACKOFF_SECONDS) before an honest device
+    may take it, and on a fast machine that wait used up ~380 of the 400 turns this loop once had."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         job = Job.objects.get(pk=job_id)
         if job.is_ended:
             return job
+        worked = False
         for device in devices:
             claim = device.client.post("/api/worker/claim", {}, format="json")
             if claim.status_code != 200:
                 continue
+            worked = True
             unit = claim.json()["unit"]
             if device in malicious:
                 flip(device, unit)
             else:
                 assert device.submit(unit["id"], *device.train(unit)).status_code == 201
-    raise AssertionError("the job did not finish")
+        if not worked:
+            time.sleep(0.05)  # every unit is leased, reserved or in its backoff
+    raise AssertionError(f"the job did not finish within {seconds:g} s")
 
 
 def test_a_fifth_of_malicious_devices_costs_less_than_a_point_of_accuracy(customer_api, digits_dataset, make_device,
