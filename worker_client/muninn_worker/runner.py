@@ -94,7 +94,7 @@ def run(
     units of those backends only."""
     if threads is not None:
         torch.set_num_threads(max(1, min(threads, torch.get_num_threads())))
-    log.debug("torch warmed up in %.2f s", warm_up())  # before the first claim: a round never waits on it
+    log.info("torch warmed up in %.2f s", warm_up())  # before the first claim: a round never waits on it
     cache = ContentCache(cache_dir)
     answer_open_challenges(client, cache.root)
     stats = RunStats()
