@@ -22,7 +22,6 @@ from muninn_worker import segments, tensors, training, zoo
 from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
-from muninn.errors import Conflict
 from muninn.failpoints import failpoint
 
 from . import browser, challenges, checks, peers, results, tolerances
@@ -32,10 +31,18 @@ log = logging.getLogger(__name__)
 VALIDATOR = "site:cpu"
 
 
+# Results of one round re-trained in one task, at most: a burst of results at a round's end (every device finishing
+# together) costs the validator one lock of the round and one transaction, not one each, and its later tasks find
+# their units done. A batch of the digits MLP's segments takes ~10 ms a result.
+BATCH_MAX = 32
+_RECEIPT_WITH = ("device", "unit__round__job__dataset")  # the dataset: the shard's key (jobs.unit_shard_xy)
+
+
 def unit_verify(*, unit_id: int) -> Receipt | None:
-    """Check the unit's pending result and accept (and credit) or reject it. Idempotent: a unit with no
-    pending result, or whose challenged checkpoints are not all in yet, is left alone."""
-    pending = (Receipt.objects.select_related("device", "unit__round__job")
+    """Check the unit's pending result and accept (and credit) or reject it, together with the other results of
+    its round that wait for the site's check with every checkpoint in (see BATCH_MAX). Idempotent: a unit with
+    no pending result, or whose challenged checkpoints are not all in yet, is left alone."""
+    pending = (Receipt.objects.select_related(*_RECEIPT_WITH)
                .filter(unit_id=unit_id, status=Receipt.Status.PENDING).first())
     if pending is None:
         return None
@@ -50,10 +57,38 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
             status=PeerCheck.Status.EXPIRED).exists():
         peers.peer_checks_create(receipt=pending)  # a second device of its kind re-trains the segments
         return None
-    return _check_segments(pending)
+    return _check_batch(pending)
 
 
-def _check_segments(receipt: Receipt) -> Receipt:
+def _check_batch(first: Receipt) -> Receipt:
+    """Re-train the challenged segments of `first` and of the round's other results ready beside it; the
+    failures settle one by one, the passes are accepted in one transaction. Returns `first` as it ends."""
+    ended, passed = {}, []
+    for receipt in [first, *_ready_beside(first)]:
+        outcome = _check_segments(receipt)
+        if isinstance(outcome, Receipt):
+            ended[receipt.pk] = outcome
+        else:
+            passed.append((receipt, outcome))
+    ended.update(accept_all(passed))
+    return ended[first.pk]
+
+
+def _ready_beside(first: Receipt) -> list[Receipt]:
+    """The other results of `first`'s round that wait for the site's check with every challenged checkpoint in
+    (those of backends the site does not validate go to peers, one by one)."""
+    if not peers.site_validates(peers.unit_backend(first.unit)):
+        return []
+    others = (Receipt.objects.select_related(*_RECEIPT_WITH)
+              .filter(unit__round_id=first.unit.round_id, unit__status=WorkUnit.Status.VERIFYING,
+                      status=Receipt.Status.PENDING)
+              .exclude(pk=first.pk).exclude(challenge_segments=[]).order_by("pk")[:BATCH_MAX - 1])
+    return [r for r in others if not challenges.missing_boundaries(r)]
+
+
+def _check_segments(receipt: Receipt) -> Receipt | dict:
+    """Re-train the receipt's challenged segments: the evidence (a dict) when they agree, for the caller to
+    accept; otherwise the receipt, settled (rejected, or its job failed for diverging)."""
     unit, job = receipt.unit, receipt.unit.round.job
     spec = jobs.unit_train_spec(unit)
     X, y = jobs.unit_shard_xy(unit)
@@ -90,7 +125,7 @@ def _check_segments(receipt: Receipt) -> Receipt:
         except checks.ResultRejected as e:
             record(receipt, evidence)
             return challenges.fail(receipt_id=receipt.pk, code=e.code, message=e.message)
-    return accept(receipt, evidence)
+    return evidence
 
 
 def _checkpoint(receipt: Receipt, boundary: int) -> segments.Checkpoint:
@@ -150,27 +185,40 @@ def record(receipt: Receipt, evidence: dict) -> None:
 
 
 def accept(pending: Receipt, evidence: dict) -> Receipt:
+    return accept_all([(pending, evidence)])[pending.pk]
+
+
+def accept_all(passed: list[tuple[Receipt, dict]]) -> dict[int, Receipt]:
+    """Accept pending results of one round whose check agreed, with its evidence, in one transaction under one
+    lock of the round (jobs.units_verified). Returns each receipt as it ends, by id: accepted, superseded (its
+    shard's other copy was accepted first), or as another check had left it."""
+    if not passed:
+        return {}
+    evidence = {receipt.pk: found for receipt, found in passed}
+    rnd = passed[0][0].unit.round
     with transaction.atomic():
-        receipt = Receipt.objects.select_for_update().get(pk=pending.pk)
-        if receipt.status != Receipt.Status.PENDING:
-            return receipt
-        receipt.verification = {**receipt.verification, "segment_check": evidence}
-        try:
-            unit, round_complete = jobs.unit_verified(unit_id=receipt.unit_id)
-        except Conflict as e:
-            if e.code != "superseded":
-                raise
-            receipt.save(update_fields=["verification"])
-            return _superseded(receipt.pk)
-        # Charged off the check, in the job's next credit batch (contributors.credit), as results accepted at once
-        # are: the validator moves on to the next check instead of posting to the ledger first.
-        receipt.status, receipt.credit_pending = Receipt.Status.ACCEPTED, True
-        receipt.save(update_fields=["status", "verification", "credit_pending"])
-        results.credit_on_commit(unit.round.job_id)
+        ended = {receipt.pk: receipt for receipt in  # locked in id order, accepted in the order passed
+                 Receipt.objects.select_for_update().filter(pk__in=list(evidence)).order_by("pk")}
+        pending = [ended[r.pk] for r, _ in passed if ended[r.pk].status == Receipt.Status.PENDING]
+        if not pending:
+            return ended
+        verified, round_complete = jobs.units_verified(round_id=rnd.pk, unit_ids=[r.unit_id for r in pending])
+        for receipt in pending:
+            receipt.verification = {**receipt.verification, "segment_check": evidence[receipt.pk]}
+            if receipt.unit_id not in verified:
+                receipt.save(update_fields=["verification"])
+                ended[receipt.pk] = _superseded(receipt.pk)
+                continue
+            # Charged off the check, in the job's next credit batch (contributors.credit), as results accepted at
+            # once are: the validator moves on to the next check instead of posting to the ledger first.
+            receipt.status, receipt.credit_pending = Receipt.Status.ACCEPTED, True
+            receipt.save(update_fields=["status", "verification", "credit_pending"])
+        if verified:
+            results.credit_on_commit(rnd.job_id)
         if round_complete:
-            results.aggregate_on_commit(unit.round_id)
+            results.aggregate_on_commit(rnd.pk)
         failpoint("verify.before_commit")
-    return receipt
+    return ended
 
 
 def _superseded(receipt_id: int) -> Receipt:

@@ -468,3 +468,35 @@ def test_a_round_whose_verified_updates_average_to_a_diverged_model_fails_the_jo
     failed = Job.objects.get(pk=job["id"])
     assert failed.status == Job.Status.FAILED and failed.error.startswith("Training diverges: the loss became")
     assert ledger.job_money(job=failed)["held"] == 0
+
+
+def test_one_check_settles_every_result_of_its_round_that_is_ready(customer_api, digits_dataset, make_device,
+                                                                   monkeypatch):
+    from contributors import tasks, verification
+
+    honest = [make_device(f"h{i}") for i in range(3)]
+    cheater, silent = make_device("cheater"), make_device("silent", answer=False)
+    job = create_job(customer_api, digits_dataset["id"], rounds=2)
+    held = []
+    monkeypatch.setattr(tasks.verify_unit, "delay", held.append)  # every check held back: they queue up
+    units = {device: device.claim() for device in [*honest, cheater, silent]}
+    for device in honest + [silent]:
+        assert device.submit(units[device]["id"], *device.train(units[device])).status_code == 201
+    assert flip(cheater, units[cheater]).status_code == 201
+    assert sorted(held) == sorted(units[d]["id"] for d in [*honest, cheater])  # the silent one's is not ready
+
+    verification.unit_verify(unit_id=units[honest[0]]["id"])  # one task: the four ready results of the round
+
+    receipts = {d: Receipt.objects.get(unit_id=units[d]["id"]) for d in units}
+    assert all(receipts[d].status == Receipt.Status.ACCEPTED and receipts[d].verification["segment_check"]["passed"]
+               for d in honest)
+    assert receipts[cheater].status == Receipt.Status.REJECTED
+    assert receipts[cheater].reason.startswith("reexecution_mismatch")
+    assert receipts[silent].status == Receipt.Status.PENDING  # its checkpoint is not in: left for its own check
+    assert WorkUnit.objects.get(pk=units[cheater]["id"]).status == WorkUnit.Status.QUEUED  # back, after its backoff
+    assert Job.objects.get(pk=job["id"]).current_round == 1  # two units still to come: the round stays open
+    # the tasks held back find nothing left to do
+    assert all(verification.unit_verify(unit_id=unit_id) is None for unit_id in held)
+    assert all(Receipt.objects.get(pk=receipts[d].pk).status == Receipt.Status.ACCEPTED for d in honest)
+    assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id__in=[units[d]["id"] for d in honest]
+                                      ).count() == 3

@@ -104,18 +104,38 @@ def _cancel_copies(unit: WorkUnit) -> int:
 
 
 def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
-    """A re-execution agreed: the verifying result now counts. Returns (unit, round_complete)."""
-    rnd = round_locked(WorkUnit.objects.values("round_id").get(pk=unit_id)["round_id"])
-    unit = WorkUnit.objects.select_for_update().get(pk=unit_id)
-    if unit.status == WorkUnit.Status.CANCELLED:
+    """A re-execution agreed: the verifying result now counts. Returns (unit, round_complete). Raises Conflict
+    "superseded" when its shard's other copy was accepted first."""
+    verified, round_complete = units_verified(round_id=WorkUnit.objects.values("round_id").get(pk=unit_id)["round_id"],
+                                              unit_ids=[unit_id])
+    if unit_id not in verified:
         raise Conflict(SUPERSEDED, code="superseded")
-    if unit.status != WorkUnit.Status.VERIFYING:
-        raise Conflict(f"Unit {unit_id} is {unit.status}, not verifying.", code="not_verifying")
-    unit.status, unit.accepted_at = WorkUnit.Status.ACCEPTED, timezone.now()
-    unit.save(update_fields=["status", "accepted_at"])
-    _cancel_copies(unit)
-    unit.round = rnd
-    return unit, rnd.status == Round.Status.OPEN and _round_complete(rnd)
+    return verified[unit_id], round_complete
+
+
+def units_verified(*, round_id: int, unit_ids: list[int]) -> tuple[dict[int, WorkUnit], bool]:
+    """Re-executions agreed on these units of one round: their verifying results now count, under one lock of
+    the round (a validator's batch: contributors.verification). Returns ({unit id: unit} of those verified,
+    round_complete); a unit cancelled meanwhile, or whose shard's other copy comes before it in `unit_ids`
+    (the first verified wins), is left out. Raises Conflict "not_verifying" for a unit in any other state. Must
+    run inside the caller's transaction."""
+    rnd = round_locked(round_id)
+    now = timezone.now()
+    locked = {unit.pk: unit for unit in  # locked in id order (no deadlock), verified in the order given
+              WorkUnit.objects.select_for_update().filter(pk__in=unit_ids, round_id=round_id).order_by("pk")}
+    verified, shards = {}, set()
+    for unit in (locked[pk] for pk in unit_ids if pk in locked):
+        shard = unit.backup_of_id or unit.pk  # a straggler and its backups share one (see _cancel_copies)
+        if unit.status == WorkUnit.Status.CANCELLED or shard in shards:  # or its copy was verified just before
+            continue
+        if unit.status != WorkUnit.Status.VERIFYING:
+            raise Conflict(f"Unit {unit.pk} is {unit.status}, not verifying.", code="not_verifying")
+        unit.status, unit.accepted_at, unit.round = WorkUnit.Status.ACCEPTED, now, rnd
+        sql.update(WorkUnit, {"status": unit.status, "accepted_at": now}, id=unit.pk)
+        _cancel_copies(unit)
+        shards.add(shard)
+        verified[unit.pk] = unit
+    return verified, rnd.status == Round.Status.OPEN and _round_complete(rnd)
 
 
 def unit_backoff_seconds(rejections: int) -> float:
