@@ -375,12 +375,18 @@ class ResultView(DeviceView):
         except serializers.ValidationError as e:
             field, errors = next(iter(e.detail.items()))
             raise InvalidInput(f"receipt.{field}: {errors[0]}", code="bad_receipt", detail=e.detail) from None
+        offered = request.FILES.get("checkpoint")  # the last checkpoint, sent along for a challenge to take
+        if offered is not None and offered.size > 2 * settings.MUNINN_MAX_RESULT_BYTES:
+            raise TooLarge(f"The checkpoint is {offered.size:,} bytes; the limit is "
+                           f"{2 * settings.MUNINN_MAX_RESULT_BYTES:,}.")
         stored = results.result_submit(device=request.auth, unit_id=unit_id, weights=upload.read(),
                                         receipt=receipt, receipt_bytes=receipt_text.encode(),
                                         signature=str(request.data.get("signature") or ""),
-                                        max_bytes=settings.MUNINN_MAX_RESULT_BYTES)
-        return Response({"unit": unit_id, "status": stored.status, "hu": hu_str(stored.unit.hu),
-                         **credited_payload(stored), "challenge": challenges.challenge_payload(stored)}, status=201)
+                                        max_bytes=settings.MUNINN_MAX_RESULT_BYTES,
+                                        checkpoint=None if offered is None else offered.read())
+        return Response({"unit": unit_id, "status": stored.status, "reason": stored.reason,
+                         "hu": hu_str(stored.unit.hu), **credited_payload(stored),
+                         "challenge": challenges.challenge_payload(stored)}, status=201)
 
 
 class CheckpointView(DeviceView):

@@ -51,12 +51,16 @@ def challenges_open(*, device: Device) -> list[dict]:
     return [p for p in (challenge_payload(r) for r in receipts.order_by("id")) if p and p["missing"]]
 
 
-def checkpoint_submit(*, device: Device, unit_id: int, boundary: int, data: bytes) -> Receipt:
+def checkpoint_submit(*, device: Device, unit_id: int, boundary: int, data: bytes,
+                      receipt: Receipt | None = None) -> Receipt:
     """Store one challenged checkpoint after checking it against the receipt's commitment. A checkpoint that
     differs from what was committed fails the check at once; a file that is not a checkpoint is a 400 the
-    device may correct before the deadline. Uploading a checkpoint already received is a no-op."""
-    receipt = (Receipt.objects.select_related("unit__round__job")
-               .filter(unit_id=unit_id, device=device, status=Receipt.Status.PENDING).first())
+    device may correct before the deadline. Uploading a checkpoint already received is a no-op. `receipt`: the
+    device's pending receipt for the unit, with its unit, round and job, when the caller has it (a result that
+    brought its last checkpoint along: contributors.results)."""
+    if receipt is None:
+        receipt = (Receipt.objects.select_related("unit__round__job")
+                   .filter(unit_id=unit_id, device=device, status=Receipt.Status.PENDING).first())
     if receipt is None:
         raise NotFound(f"Unit {unit_id} has no challenge open for this device (settled, expired, or not yours).",
                        code="no_challenge")

@@ -79,6 +79,12 @@ def max_update_bytes(weights_bytes: int) -> int:
     return 2 * weights_bytes + 1_000_000
 
 
+def max_checkpoint_bytes(weights_bytes: int) -> int:
+    """The most a checkpoint of weights this size may take: the weights and up to two optimizer buffers of their
+    size (Adam's), plus slack for small models."""
+    return 3 * weights_bytes + 1_000_000
+
+
 def decode_update(data: bytes, reference: Mapping[str, torch.Tensor], encoding: str, *,
                   max_inflated_bytes: int) -> dict[str, torch.Tensor]:
     """The full state an uploaded update stands for (the global weights plus its delta), or the reason it is

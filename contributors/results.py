@@ -20,7 +20,7 @@ from muninn import sql
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 from muninn.failpoints import failpoint
 
-from . import checks, reputation, selectors, services
+from . import challenges, checks, reputation, selectors, services
 from .authentication import touch
 from .checks import Expected, ResultRejected
 from .models import Device, DeviceEvent, Lease, Receipt
@@ -47,14 +47,17 @@ def result_body_check(*, device: Device, unit_id: int, content_length: int) -> N
         limit = _body_limit(weights_bytes=storage.blob_size(unit.round.weights_sha256))
         if content_length > limit:
             raise TooLarge(f"The request is {content_length:,} bytes; a result for unit {unit_id} is at most "
-                           f"{limit:,} (an update of its weights, with the receipt).")
+                           f"{limit:,} (an update of its weights, its last checkpoint and the receipt).")
     except (Conflict, NotFound, TooLarge) as e:
         _refused(device, unit_id, e)
         raise
 
 
 def _body_limit(*, weights_bytes: int) -> int:
-    return min(checks.max_update_bytes(weights_bytes), settings.MUNINN_MAX_RESULT_BYTES) + FORM_SLACK_BYTES
+    """The update, and the last checkpoint that may come with it (result_submit's `checkpoint`)."""
+    return (min(checks.max_update_bytes(weights_bytes), settings.MUNINN_MAX_RESULT_BYTES)
+            + min(checks.max_checkpoint_bytes(weights_bytes), 2 * settings.MUNINN_MAX_RESULT_BYTES)
+            + FORM_SLACK_BYTES)
 
 
 def _refused(device: Device, unit_id: int, error) -> None:
@@ -64,7 +67,7 @@ def _refused(device: Device, unit_id: int, error) -> None:
 
 
 def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
-                  signature: str, max_bytes: int) -> Receipt:
+                  signature: str, max_bytes: int, checkpoint: bytes | None = None) -> Receipt:
     """Check a device's result for a unit it holds; accept it (credited at once) or, when the device's
     reputation or the evidence calls for it, challenge segments of it (credited only if their check passes:
     contributors.challenges, verification, peers).
@@ -77,7 +80,12 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     The signature is checked over `receipt_bytes`, the receipt JSON exactly as uploaded. A result that
     fails a check no honest client fails is refused with the reason (kept as a rejected receipt), counts as a
     failure confirmed on this unit, earns nothing, and its unit goes back to the queue after its backoff.
-    Posting a live result again (a client retrying after a lost answer) returns the original receipt."""
+    Posting a live result again (a client retrying after a lost answer) returns the original receipt.
+
+    `checkpoint`: the last boundary's checkpoint, offered with the result (the device committed to it already, so
+    offering it early tells it nothing). When the challenge asks for it, it is taken as if uploaded in answer
+    (contributors.challenges.checkpoint_submit): a unit of one segment, whose every check needs exactly it, is
+    then checked without the device's second request and its round trip."""
     touch(device)
     output_sha = storage.sha256_hex(weights)
     live = _live_with(output_sha)
@@ -128,9 +136,9 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
                "train_seconds": receipt["train_seconds"], "update_norm": evidence.get("update_norm"),
                "update_norm_per_step": evidence.get("update_norm_per_step")}
     try:
-        return _accept(device=device, unit=unit, lease=lease, receipt=receipt, signature=signature,
-                       evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics, verify=verify,
-                       challenged=challenged)
+        stored = _accept(device=device, unit=unit, lease=lease, receipt=receipt, signature=signature,
+                         evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics,
+                         verify=verify, challenged=challenged)
     except Conflict:
         # The same upload, delivered twice at once (a client that timed out and sent it again while this one was
         # being checked): the other delivery won the unit's lock; this one gets the same answer.
@@ -138,6 +146,22 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         if repeat is not None:
             return repeat
         raise
+    return stored if checkpoint is None else _take_offered_checkpoint(device, stored, checkpoint)
+
+
+def _take_offered_checkpoint(device: Device, stored: Receipt, data: bytes) -> Receipt:
+    """The last checkpoint that came with the result, taken when the challenge asks for it. One that is not what
+    the receipt committed to fails the check, as its upload would; a file that is not a checkpoint is left out
+    (the challenge still asks for it, and the device may upload it before the deadline)."""
+    last = len(stored.checkpoints) - 1
+    if stored.status != Receipt.Status.PENDING or last not in challenges.needed_boundaries(stored):
+        return stored
+    try:
+        challenges.checkpoint_submit(device=device, unit_id=stored.unit_id, boundary=last, data=data, receipt=stored)
+    except InvalidInput as e:
+        log.info("unit %s: the checkpoint offered with its result is left out: %s", stored.unit_id, e.message)
+    stored.refresh_from_db(fields=["status", "reason", "verification", "checkpoint_blobs", "credit_pending"])
+    return stored
 
 
 def _live_with(output_sha: str) -> list[tuple[int, int, int]]:

@@ -122,6 +122,8 @@ class CreditedSerializer(serializers.Serializer):
 class ResultAnswerSerializer(CreditedSerializer):
     unit = serializers.IntegerField()
     status = serializers.ChoiceField(choices=Receipt.Status.choices)
+    reason = serializers.CharField(allow_blank=True, help_text="Why it was rejected (only the checkpoint sent "
+                                                               "along can reject a stored result); empty otherwise")
     hu = serializers.CharField()
     challenge = ChallengeSerializer(allow_null=True, help_text="The checkpoints to upload, when this result is "
                                                               "checked segment by segment")
@@ -175,6 +177,9 @@ class ResultUploadSerializer(serializers.Serializer):
     weights = serializers.FileField(help_text="The encoded update: deflated safetensors (docs/worker-protocol.md)")
     receipt = serializers.CharField(help_text="A JSON object (the receipt), as text")
     signature = serializers.CharField(help_text="base64 Ed25519 signature of the receipt field's exact bytes")
+    checkpoint = serializers.FileField(required=False, help_text=(
+        "Optional: the last boundary's checkpoint (muninn_worker.segments.checkpoint_to_bytes), taken when the "
+        "site's challenge asks for it, so that the device need not upload it in answer (docs/worker-protocol.md)"))
 
 
 class CheckpointUploadSerializer(serializers.Serializer):

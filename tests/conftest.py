@@ -211,17 +211,24 @@ class SimulatedDevice:
         """The full state an upload stands for, as the site decodes it."""
         return codec.decode_update(data, self.global_state(unit), unit["encoding"])
 
-    def submit(self, unit_id: int, weights: bytes, receipt: dict, *, signature: str | None = None):
-        """Post the result; when the site challenges it (and `answer`), upload the checkpoints it asks for."""
+    def submit(self, unit_id: int, weights: bytes, receipt: dict, *, signature: str | None = None,
+               checkpoint: bytes | None = None):
+        """Post the result (with `checkpoint`, the last one offered along, when given); when the site challenges
+        it (and `answer`), upload the checkpoints it asks for."""
         body = json.dumps(receipt)
         signature = signing.sign(self.signing_key, body.encode()) if signature is None else signature
-        response = self.client.post(f"/api/worker/units/{unit_id}/result",
-                                    {"weights": io.BytesIO(weights), "receipt": body, "signature": signature},
-                                    format="multipart")
+        form = {"weights": io.BytesIO(weights), "receipt": body, "signature": signature}
+        if checkpoint is not None:
+            form["checkpoint"] = io.BytesIO(checkpoint)
+        response = self.client.post(f"/api/worker/units/{unit_id}/result", form, format="multipart")
         challenge = response.json().get("challenge") if response.status_code == 201 else None
         if challenge and self.answer:
             self.answer_challenge(challenge)
         return response
+
+    def last_checkpoint(self, unit_id: int, receipt: dict) -> bytes:
+        """The last checkpoint's file, as the reference client sends it along with a unit of one segment."""
+        return self.stores[unit_id].path(len(receipt["checkpoints"]) - 1).read_bytes()
 
     def answer_challenge(self, challenge: dict) -> list:
         store = self.stores[challenge["unit"]]

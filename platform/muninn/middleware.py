@@ -14,7 +14,8 @@ FORM_SLACK = 1024 * 1024  # multipart headers and the form's small fields (a rec
 # (path pattern, the file limit's setting, multiple): the endpoints that take files; every other request may
 # carry DATA_UPLOAD_MAX_MEMORY_SIZE.
 _UPLOADS = [
-    (re.compile(r"^/api/worker/units/\d+/result$"), "MUNINN_MAX_RESULT_BYTES", 1),
+    # a result: the update, and the last checkpoint that may come with it (as a checkpoint's upload allows)
+    (re.compile(r"^/api/worker/units/\d+/result$"), "MUNINN_MAX_RESULT_BYTES", 3),
     (re.compile(r"^/api/worker/units/\d+/checkpoints/\d+$"), "MUNINN_MAX_RESULT_BYTES", 2),
     (re.compile(r"^/api/worker/checks/\d+/result$"), "MUNINN_MAX_RESULT_BYTES", 2),
     (re.compile(r"^/(api/datasets|datasets/)$"), "MUNINN_MAX_UPLOAD_BYTES", 1),

@@ -179,13 +179,17 @@ class ApiClient:
             return False
         return response.status_code == 200
 
-    def submit_result(self, unit_id: int, weights_bytes: bytes, receipt: dict) -> dict:
-        """POST the trained weights (multipart `weights`) with the JSON `receipt` and its signature.
+    def submit_result(self, unit_id: int, weights_bytes: bytes, receipt: dict, *,
+                      checkpoint: bytes | None = None) -> dict:
+        """POST the trained weights (multipart `weights`) with the JSON `receipt` and its signature, and the last
+        checkpoint (`checkpoint`) when given: the site takes it if its challenge asks for it.
 
         Every attempt sends the same bytes (the same signature too), so a retry after a lost answer is
         recognised by the site as the same upload."""
+        extra = {} if checkpoint is None else {"checkpoint": ("checkpoint.safetensors", checkpoint)}
         return self._upload(f"/api/worker/units/{int(unit_id)}/result", "weights",
-                            ("weights.safetensors", weights_bytes), receipt=receipt, expected=(200, 201))
+                            ("weights.safetensors", weights_bytes), receipt=receipt, expected=(200, 201),
+                            extra_files=extra)
 
     def upload_checkpoint(self, unit_id: int, boundary: int, data: bytes) -> dict:
         """POST a challenged checkpoint (multipart `checkpoint`) → {"unit", "status", "reason", "missing"}."""
@@ -212,15 +216,17 @@ class ApiClient:
     # ------------------------------------------------------------------------------------- plumbing
 
     def _upload(self, path: str, field: str, file: tuple[str, bytes], *, receipt: dict | None = None,
-                expected: tuple[int, ...]) -> dict:
-        """A multipart POST of one file, with a JSON `receipt` and its Ed25519 signature when given."""
+                expected: tuple[int, ...], extra_files: dict[str, tuple[str, bytes]] | None = None) -> dict:
+        """A multipart POST of one file (and `extra_files`), with a JSON `receipt` and its Ed25519 signature when
+        given."""
         fields: dict[str, Any] = {}
         if receipt is not None:
             text = json.dumps(receipt, allow_nan=False, separators=(",", ":"))
             fields["receipt"] = text
             if self.signing_key:
                 fields["signature"] = sign(self.signing_key, text.encode())
-        fields[field] = (*file, "application/octet-stream")
+        for name, part in {field: file, **(extra_files or {})}.items():
+            fields[name] = (*part, "application/octet-stream")
         body, content_type = encode_multipart_formdata(fields)
         url = self.server_url + path
         headers = {**self._headers("device"), "Content-Type": content_type}

@@ -176,8 +176,12 @@ def _work_on_unit(client: ApiClient, unit: dict, cache: ContentCache, stats: Run
         uploaded = True
         if isinstance(answer.get("challenge"), dict):
             challenge = answer["challenge"]
-            log.info("unit %s: the site checks segment(s) %s; uploading checkpoints %s", spec.id,
-                     challenge.get("segments"), challenge.get("missing"))
+            if challenge.get("missing"):
+                log.info("unit %s: the site checks segment(s) %s; uploading checkpoints %s", spec.id,
+                         challenge.get("segments"), challenge.get("missing"))
+            else:
+                log.info("unit %s: the site checks segment(s) %s with the checkpoint sent along", spec.id,
+                         challenge.get("segments"))
             checked = upload_challenged_checkpoints(client, store, challenge)
             answer = {**answer, **{k: v for k, v in checked.items() if k in _CHECKED_FIELDS}}
         _record(answer, spec.id, stats)
@@ -278,8 +282,11 @@ def _upload(client: ApiClient, spec: _UnitSpec, unit: dict, result: TrainResult,
     receipt = build_receipt(unit, result, output_sha256=sha256_hex(payload), started_at=spec.started_at,
                             finished_at=spec.finished_at, segment_steps=spec.segment_steps or result.steps,
                             checkpoints=chain)
-    log.info("unit %s: uploading %s (%s update)…", spec.id, _mb(len(payload)), spec.encoding)
-    return client.submit_result(spec.id, payload, receipt)
+    # A unit of one segment: every check of it re-trains that segment and needs its end, the last checkpoint, so
+    # it goes with the result (the receipt commits to it already) and a check costs no second request.
+    last = store.path(len(chain) - 1).read_bytes() if len(chain) == 2 else None
+    log.info("unit %s: uploading %s (%s update)…", spec.id, _mb(len(payload) + len(last or b"")), spec.encoding)
+    return client.submit_result(spec.id, payload, receipt, checkpoint=last)
 
 
 def _train_device(template: str) -> torch.device:

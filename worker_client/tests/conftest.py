@@ -195,7 +195,7 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
             fields = _multipart(self.headers["Content-Type"], body)
             site.results.append({"unit": unit.id, "weights": fields["weights"],
                                  "receipt": json.loads(fields["receipt"]), "receipt_bytes": fields["receipt"],
-                                 "signature": fields.get("signature")})
+                                 "signature": fields.get("signature"), "checkpoint": fields.get("checkpoint")})
             if site.result_status != 201:
                 return self._error(site.result_status, "bad_result", "Weights have the wrong shapes.")
             self._json(201, {"unit": unit.id, "status": "accepted", "credited_hu": "0.0000001234",

@@ -13,6 +13,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from conftest import MODEL_CONFIG
 
+from muninn_worker import segments
 from muninn_worker.api import ApiClient
 from muninn_worker.runner import DeviceRejected, format_money, run
 from muninn_worker.signing import new_private_key, public_key_of
@@ -288,3 +289,18 @@ def test_runner_trains_a_lora_unit_on_base_weights_it_downloads_once(fake_site, 
     assert set(sent) == set(bytes_to_state_dict(unit.weights))  # adapters only travel back
     assert all(k.endswith((".lora_a", ".lora_b")) for k in sent)
     assert fake_site.results[0]["receipt"]["loss_after"] < fake_site.results[0]["receipt"]["loss_before"]
+
+
+def test_a_unit_of_one_segment_sends_its_last_checkpoint_with_the_result(fake_site, tmp_path):
+    one = fake_site.add_unit(unit_id=42, samples=64, epochs=1)  # no segment_steps: one segment, the whole unit
+    many = fake_site.add_unit(unit_id=43, samples=64, epochs=1)
+    many.train["segment_steps"] = 1  # a checkpoint every step: two segments
+
+    _run(fake_site, tmp_path)
+
+    sent = {r["unit"]: r for r in fake_site.results}
+    [end_weights, end_optimizer] = sent[42]["receipt"]["checkpoints"][-1]
+    checkpoint = segments.bytes_to_checkpoint(sent[42]["checkpoint"])
+    decoded = roundtrip(checkpoint.weights, bytes_to_state_dict(one.weights), "fp32")
+    assert segments.commitment(decoded, checkpoint.optimizer) == [end_weights, end_optimizer]  # the committed end
+    assert len(sent[43]["receipt"]["checkpoints"]) == 3 and sent[43]["checkpoint"] is None  # the site asks first
