@@ -22,6 +22,7 @@ from muninn_worker import segments, tensors, training, zoo
 from jobs import services as jobs
 from jobs import storage
 from jobs.models import WorkUnit
+from muninn import sql
 from muninn.failpoints import failpoint
 
 from . import browser, challenges, checks, peers, results, tolerances
@@ -42,6 +43,8 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
     """Check the unit's pending result and accept (and credit) or reject it, together with the other results of
     its round that wait for the site's check with every checkpoint in (see BATCH_MAX). Idempotent: a unit with
     no pending result, or whose challenged checkpoints are not all in yet, is left alone."""
+    if _pending_sql(unit_id) is None:  # most often: a batch beside another unit checked it already
+        return None
     pending = (Receipt.objects.select_related(*_RECEIPT_WITH)
                .filter(unit_id=unit_id, status=Receipt.Status.PENDING).first())
     if pending is None:
@@ -58,6 +61,13 @@ def unit_verify(*, unit_id: int) -> Receipt | None:
         peers.peer_checks_create(receipt=pending)  # a second device of its kind re-trains the segments
         return None
     return _check_batch(pending)
+
+
+def _pending_sql(unit_id: int) -> tuple | None:
+    """The unit's pending receipt's id, if any, in one fixed statement (muninn/sql.py: building the ORM's query
+    for every task, most of which find nothing left, cost more than running it)."""
+    return sql.fetch_one(f"SELECT id FROM {sql.table(Receipt)} WHERE unit_id = %s AND status = %s LIMIT 1",
+                         [unit_id, Receipt.Status.PENDING])
 
 
 def _check_batch(first: Receipt) -> Receipt:
@@ -202,17 +212,18 @@ def accept_all(passed: list[tuple[Receipt, dict]]) -> dict[int, Receipt]:
         pending = [ended[r.pk] for r, _ in passed if ended[r.pk].status == Receipt.Status.PENDING]
         if not pending:
             return ended
-        verified, round_complete = jobs.units_verified(round_id=rnd.pk, unit_ids=[r.unit_id for r in pending])
+        # Stored as accepted before the round's lock, which every result of the round waits on until this
+        # transaction ends: under it, only the units' two statements (jobs.units_verified).
         for receipt in pending:
             receipt.verification = {**receipt.verification, "segment_check": evidence[receipt.pk]}
-            if receipt.unit_id not in verified:
-                receipt.save(update_fields=["verification"])
-                ended[receipt.pk] = _superseded(receipt.pk)
-                continue
             # Charged off the check, in the job's next credit batch (contributors.credit), as results accepted at
             # once are: the validator moves on to the next check instead of posting to the ledger first.
             receipt.status, receipt.credit_pending = Receipt.Status.ACCEPTED, True
-            receipt.save(update_fields=["status", "verification", "credit_pending"])
+        Receipt.objects.bulk_update(pending, ["status", "verification", "credit_pending"])
+        verified, round_complete = jobs.units_verified(round_id=rnd.pk, unit_ids=[r.unit_id for r in pending])
+        for receipt in pending:
+            if receipt.unit_id not in verified:  # its shard's other copy was accepted first
+                _mark_superseded(receipt)
         if verified:
             results.credit_on_commit(rnd.job_id)
         if round_complete:
@@ -227,9 +238,14 @@ def _superseded(receipt_id: int) -> Receipt:
     with transaction.atomic():
         receipt = Receipt.objects.select_for_update().get(pk=receipt_id)
         if receipt.status == Receipt.Status.PENDING:
-            receipt.status, receipt.reason = Receipt.Status.REJECTED, f"superseded: {jobs.SUPERSEDED}"[:500]
-            receipt.save(update_fields=["status", "reason"])
+            _mark_superseded(receipt)
     return receipt
+
+
+def _mark_superseded(receipt: Receipt) -> None:
+    receipt.status, receipt.reason = Receipt.Status.REJECTED, f"superseded: {jobs.SUPERSEDED}"[:500]
+    receipt.credit_pending = False
+    receipt.save(update_fields=["status", "reason", "credit_pending"])
 
 
 def pending_units(*, older_than_s: float | None = None) -> list[int]:

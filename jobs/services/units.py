@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from muninn_worker import flops as worker_flops
 from muninn_worker.federated import plan
@@ -81,7 +82,7 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     _round_reschedule(rnd, now, unit=unit)
     rnd.job = job
     unit.round = rnd
-    return unit, _round_complete(rnd)
+    return unit, not verify and _round_complete(rnd)  # a unit being verified keeps its round open
 
 
 def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:
@@ -131,10 +132,13 @@ def units_verified(*, round_id: int, unit_ids: list[int]) -> tuple[dict[int, Wor
         if unit.status != WorkUnit.Status.VERIFYING:
             raise Conflict(f"Unit {unit.pk} is {unit.status}, not verifying.", code="not_verifying")
         unit.status, unit.accepted_at, unit.round = WorkUnit.Status.ACCEPTED, now, rnd
-        sql.update(WorkUnit, {"status": unit.status, "accepted_at": now}, id=unit.pk)
-        _cancel_copies(unit)
         shards.add(shard)
         verified[unit.pk] = unit
+    if verified:  # two statements for the batch: the round's lock is held until the transaction ends
+        WorkUnit.objects.filter(pk__in=list(verified)).update(status=WorkUnit.Status.ACCEPTED, accepted_at=now)
+        (WorkUnit.objects.filter(Q(pk__in=list(shards)) | Q(backup_of_id__in=list(shards)))
+         .exclude(pk__in=list(verified)).exclude(status=WorkUnit.Status.ACCEPTED)
+         .update(status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None))  # as _cancel_copies
     return verified, rnd.status == Round.Status.OPEN and _round_complete(rnd)
 
 
