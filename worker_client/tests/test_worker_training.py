@@ -117,3 +117,20 @@ def test_inner_steps_are_deterministic_for_a_seed():
         model.load_state_dict(global_weights(X))
         runs.append(train_local(model, X, y, epochs=1, batch_size=16, lr=0.05, seed=3, inner_steps=4).state_dict)
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+
+
+def test_seed_torch_draws_as_torch_manual_seed_does_and_queues_nothing_for_an_absent_cuda():
+    from torch.cuda import _lazy_seed_tracker
+
+    from muninn_worker.training import seed_torch
+
+    torch.manual_seed(7)
+    expected = torch.rand(5), torch.nn.functional.dropout(torch.ones(8), 0.5)
+    queued = _lazy_seed_tracker.manual_seed_all_cb
+
+    seed_torch(7)
+
+    assert torch.equal(torch.rand(5), expected[0])
+    assert torch.equal(torch.nn.functional.dropout(torch.ones(8), 0.5), expected[1])
+    if not torch.cuda.is_available():  # torch.manual_seed queued a seed (and its stack) for CUDA; this does not
+        assert queued is not None and _lazy_seed_tracker.manual_seed_all_cb is queued
