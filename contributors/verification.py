@@ -74,7 +74,11 @@ def _check_batch(first: Receipt) -> Receipt:
     """Re-train the challenged segments of `first` and of the round's other results ready beside it; the
     failures settle one by one, the passes are accepted in one transaction. Returns `first` as it ends."""
     ended, passed = {}, []
-    for receipt in [first, *_ready_beside(first)]:
+    batch = [first, *_ready_beside(first)]
+    if len(batch) > 1:
+        log.info("round %s: %d results checked together (units %s)", first.unit.round_id, len(batch),
+                 ", ".join(str(r.unit_id) for r in batch))
+    for receipt in batch:
         outcome = _check_segments(receipt)
         if isinstance(outcome, Receipt):
             ended[receipt.pk] = outcome
