@@ -79,7 +79,15 @@ def _check_batch(first: Receipt) -> Receipt:
         log.info("round %s: %d results checked together (units %s)", first.unit.round_id, len(batch),
                  ", ".join(str(r.unit_id) for r in batch))
     for receipt in batch:
-        outcome = _check_segments(receipt)
+        try:
+            outcome = _check_segments(receipt)
+        except Exception:
+            if receipt is first:
+                raise
+            # One result's trouble (its blobs unreadable, say) is not its neighbours': left to its own task.
+            log.exception("unit %s: its check beside unit %s's failed; left to its own task", receipt.unit_id,
+                          first.unit_id)
+            continue
         if isinstance(outcome, Receipt):
             ended[receipt.pk] = outcome
         else:

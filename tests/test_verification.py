@@ -500,3 +500,33 @@ def test_one_check_settles_every_result_of_its_round_that_is_ready(customer_api,
     assert all(Receipt.objects.get(pk=receipts[d].pk).status == Receipt.Status.ACCEPTED for d in honest)
     assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id__in=[units[d]["id"] for d in honest]
                                       ).count() == 3
+
+
+def test_a_check_that_breaks_beside_others_leaves_only_its_own_result_pending(customer_api, digits_dataset,
+                                                                              make_device, monkeypatch):
+    from contributors import tasks, verification
+
+    devices = [make_device(f"d{i}") for i in range(3)]
+    create_job(customer_api, digits_dataset["id"], rounds=2)
+    held = []
+    monkeypatch.setattr(tasks.verify_unit, "delay", held.append)
+    units = [device.claim() for device in devices]
+    for device, unit in zip(devices, units):
+        assert device.submit(unit["id"], *device.train(unit)).status_code == 201
+    broken = units[2]["id"]
+    real = verification._checkpoint
+
+    def unreadable(receipt, boundary):
+        if receipt.unit_id == broken:
+            raise OSError("the checkpoint's blob cannot be read")
+        return real(receipt, boundary)
+
+    monkeypatch.setattr(verification, "_checkpoint", unreadable)
+
+    verification.unit_verify(unit_id=units[0]["id"])
+
+    statuses = {u["id"]: Receipt.objects.get(unit_id=u["id"]).status for u in units}
+    assert statuses == {units[0]["id"]: Receipt.Status.ACCEPTED, units[1]["id"]: Receipt.Status.ACCEPTED,
+                        broken: Receipt.Status.PENDING}
+    with pytest.raises(OSError):  # its own task still fails loudly, to be retried by the sweep
+        verification.unit_verify(unit_id=broken)
