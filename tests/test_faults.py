@@ -447,7 +447,10 @@ def test_redis_restarted_mid_round_lost_messages_are_recovered(site):
         finally:
             os.killpg(worker.pid, signal.SIGCONT)
 
-    run_scenario(site, restart_redis, rounds=1)
+    # Each client's first unit trains a second longer: the worker is frozen before any result is in (a result that
+    # brings its last checkpoint along is checked at once, and a worker frozen mid-check holds the round's lock).
+    slow_first_unit = {"failpoints": "train.after_epoch=1*sleep:1"}
+    run_scenario(site, restart_redis, rounds=1, clients={"device-1": slow_first_unit, "device-2": slow_first_unit})
 
     assert "Connection to broker lost" in site.stack.log(site.worker_name), site.logs()
 
