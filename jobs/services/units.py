@@ -8,7 +8,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 from muninn_worker import flops as worker_flops
 from muninn_worker.federated import plan
@@ -75,7 +74,7 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     for field, value in fields.items():
         setattr(unit, field, value)
     if not verify:
-        _cancel_copies(unit)
+        _cancel_copies(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
     if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
         WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
     job = unit.round.job
@@ -95,13 +94,15 @@ def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:
                    code="lease_lost")
 
 
-def _cancel_copies(unit: WorkUnit) -> int:
-    """The other copies of an accepted unit's shard (its original or backups) will not count: cancel them,
-    so their late results are refused and the round need not wait for them."""
-    group = unit.backup_of_id or unit.pk
+def _cancel_copies(*, shards: list[int], winners: list[int]) -> int:
+    """The other copies of these accepted units' shards (a straggler and its backups; a shard is named by its
+    original's id) will not count: cancel them, so their late results are refused and the round need not wait for
+    them. One statement (every acceptance runs it), its text fixed by the lists' lengths."""
+    marks = lambda n: ", ".join(["%s"] * n)  # noqa: E731
     return sql.execute(f"UPDATE {sql.table(WorkUnit)} SET status = %s, lease_token = NULL, lease_expires_at = NULL "
-                       "WHERE (id = %s OR backup_of_id = %s) AND id <> %s AND status <> %s",  # every acceptance
-                       [WorkUnit.Status.CANCELLED, group, group, unit.pk, WorkUnit.Status.ACCEPTED])
+                       f"WHERE (id IN ({marks(len(shards))}) OR backup_of_id IN ({marks(len(shards))})) "
+                       f"AND id NOT IN ({marks(len(winners))}) AND status <> %s",
+                       [WorkUnit.Status.CANCELLED, *shards, *shards, *winners, WorkUnit.Status.ACCEPTED])
 
 
 def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
@@ -126,7 +127,7 @@ def units_verified(*, round_id: int, unit_ids: list[int]) -> tuple[dict[int, Wor
               WorkUnit.objects.select_for_update().filter(pk__in=unit_ids, round_id=round_id).order_by("pk")}
     verified, shards = {}, set()
     for unit in (locked[pk] for pk in unit_ids if pk in locked):
-        shard = unit.backup_of_id or unit.pk  # a straggler and its backups share one (see _cancel_copies)
+        shard = unit.backup_of_id or unit.pk  # a straggler and its backups share one (_cancel_copies)
         if unit.status == WorkUnit.Status.CANCELLED or shard in shards:  # or its copy was verified just before
             continue
         if unit.status != WorkUnit.Status.VERIFYING:
@@ -136,9 +137,7 @@ def units_verified(*, round_id: int, unit_ids: list[int]) -> tuple[dict[int, Wor
         verified[unit.pk] = unit
     if verified:  # two statements for the batch: the round's lock is held until the transaction ends
         WorkUnit.objects.filter(pk__in=list(verified)).update(status=WorkUnit.Status.ACCEPTED, accepted_at=now)
-        (WorkUnit.objects.filter(Q(pk__in=list(shards)) | Q(backup_of_id__in=list(shards)))
-         .exclude(pk__in=list(verified)).exclude(status=WorkUnit.Status.ACCEPTED)
-         .update(status=WorkUnit.Status.CANCELLED, lease_token=None, lease_expires_at=None))  # as _cancel_copies
+        _cancel_copies(shards=list(shards), winners=list(verified))
     return verified, rnd.status == Round.Status.OPEN and _round_complete(rnd)
 
 
