@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 
+import torch
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -373,7 +374,7 @@ def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, 
     model = _check_model(job, reference)
     before = training.evaluate(model, X, y)["loss"]
     if job.base_weights_id is None:  # the same model with the new weights (a LoRA job's base goes on after them)
-        model.load_state_dict(state)
+        model = _check_model(job, state)
     else:
         model = jobs.job_model(job, state)
     return before, training.evaluate(model, X, y)["loss"]
@@ -392,12 +393,19 @@ def _check_model(job, state: dict):
     kept = getattr(_CHECK_MODELS, "by_job", None)
     if kept is None:
         kept = _CHECK_MODELS.by_job = {}
-    model = kept.get(job.pk)
-    if model is None:
+    entry = kept.get(job.pk)
+    if entry is None:
         if len(kept) >= CHECK_MODELS_KEPT:
             kept.clear()
-        model = kept[job.pk] = zoo.build_model(job.template, job.model_config)
-    model.load_state_dict(state)
+        model = zoo.build_model(job.template, job.model_config)
+        entry = kept[job.pk] = (model, model.state_dict(keep_vars=True))
+    model, slots = entry
+    if state.keys() != slots.keys() or any(state[k].shape != t.shape for k, t in slots.items()):
+        model.load_state_dict(state)  # not this model's tensors: load_state_dict says how
+        return model
+    with torch.no_grad():  # what load_state_dict does for exactly the model's keys, without its walk of the modules
+        for name, tensor in slots.items():
+            tensor.copy_(state[name])
     return model
 
 

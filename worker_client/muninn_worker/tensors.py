@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 
 import torch
@@ -46,8 +47,46 @@ def state_dict_to_bytes(sd: dict[str, Tensor], metadata: dict[str, str] | None =
     """Serialise a state_dict to safetensors bytes: the same tensors and metadata always give the same bytes."""
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise TypeError("safetensors metadata must map str to str")
-    data = _st_save(plain_tensors(sd), metadata=metadata)
+    plain = plain_tensors(sd)
+    if metadata is None:
+        data = _serialize(plain)
+        if data is not None:
+            return data
+    data = _st_save(plain, metadata=metadata)
     return _metadata_sorted(data) if metadata else data
+
+
+# What safetensors.torch.save writes, written here without its per-tensor overhead (numpy arrays, ctypes pointers,
+# a search for shared storage: most of the CPU of a small model's save, which every result and every commitment
+# runs on both sides of the wire). The bytes must be exactly its own (a checkpoint's hash is a commitment):
+# tests/test_worker_tensors.py compares the two on every dtype below, names in any order, empty and 0-d tensors.
+# safetensors orders the tensors by dtype, as it ranks them (the widest first), then by name, and pads the JSON
+# header with spaces to 8 bytes.
+_DTYPES = {torch.uint64: "U64", torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.uint32: "U32",
+           torch.int32: "I32", torch.bfloat16: "BF16", torch.float16: "F16", torch.uint16: "U16", torch.int16: "I16",
+           torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+_RANK = {dtype: rank for rank, dtype in enumerate(_DTYPES)}
+_PLAIN_NAME = re.compile(r'[\x20-\x7e]*')  # printable ASCII: JSON writes it as it is, but for " and \
+
+
+def _serialize(tensors: dict[str, Tensor]) -> bytes | None:
+    """safetensors' bytes of plain tensors (plain_tensors), no metadata; None when a dtype or a name is one this
+    does not write as safetensors would (then safetensors writes it)."""
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _RANK or not _PLAIN_NAME.fullmatch(name) or '"' in name or "\\" in name:
+            return None
+    entries, chunks, offset = [], [], 0
+    for name in sorted(tensors, key=lambda k: (_RANK[tensors[k].dtype], k)):
+        tensor = tensors[name]
+        chunk = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
+        end = offset + len(chunk)
+        shape = ",".join(str(n) for n in tensor.shape)
+        entries.append(f'"{name}":{{"dtype":"{_DTYPES[tensor.dtype]}","shape":[{shape}],"data_offsets":[{offset},{end}]}}')
+        chunks.append(chunk)
+        offset = end
+    header = ("{" + ",".join(entries) + "}").encode()
+    header += b" " * (-len(header) % 8)
+    return b"".join([struct.pack("<Q", len(header)), header, *chunks])
 
 
 def _metadata_sorted(data: bytes) -> bytes:

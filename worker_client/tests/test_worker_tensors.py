@@ -112,3 +112,42 @@ def test_a_header_whose_length_starts_like_a_pickle_is_still_safetensors():
 
     assert data[:2] == b"\x80\x02"
     assert torch.equal(bytes_to_state_dict(data)["w"], sd["w"])
+
+
+def _random_state(rng) -> dict:
+    """A state of 0-8 tensors: every dtype, names that sort every way (and some safetensors writes itself),
+    0-d, empty and small shapes."""
+    from muninn_worker import tensors
+
+    state = {}
+    for _ in range(rng.randint(0, 8)):
+        name = rng.choice(["w", "b", "layer.0.weight", "A", "a", "layer.10.bias", "z_", "x y", "é", 'q"', "0"])
+        dtype = rng.choice(list(tensors._DTYPES))
+        shape = [rng.randint(0, 4) for _ in range(rng.randint(0, 3))]
+        if dtype == torch.bool:
+            value = torch.rand(shape) > 0.5
+        elif dtype.is_floating_point:
+            value = torch.randn(shape).to(dtype)
+        else:
+            value = torch.randint(0, 100, shape).to(dtype)
+        state[name + str(rng.randint(0, 3))] = value
+    return state
+
+
+def test_state_bytes_are_exactly_what_safetensors_writes():
+    """The bytes are hashed into commitments on both sides of the wire: the site and every client version must
+    write the very same bytes for the same tensors, and safetensors' own save is what older clients used."""
+    import random
+
+    from safetensors.torch import save
+
+    from muninn_worker.tensors import plain_tensors
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        state = _random_state(rng)
+        assert state_dict_to_bytes(state) == save(plain_tensors(state)), state
+    model = init_state("mlp", CONFIG, seed=3)
+    assert state_dict_to_bytes(model) == save(plain_tensors(model))
+    transposed = torch.arange(6.0).reshape(2, 3).t()  # not contiguous
+    assert state_dict_to_bytes({"w": transposed}) == save({"w": transposed.contiguous()})
