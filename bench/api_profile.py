@@ -204,6 +204,10 @@ def _loop(device: tuple, ops: dict, weights_cache: dict, rng: random.Random) -> 
             response = call()
             spent = time.process_time() - start
         ops[name].append((spent, len(queries)))
+        if os.environ.get("API_PROFILE_SHOW_QUERIES") and len(ops[name]) == 50:  # one warm op of each kind
+            print(f"--- {name}: {len(queries)} queries", file=sys.stderr)
+            for query in queries:
+                print("   ", str(query["sql"])[:300], file=sys.stderr)
         return response
 
     answer = op("claim", lambda: client.post("/api/worker/claim", "{}", content_type="application/json"))

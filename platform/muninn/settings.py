@@ -60,6 +60,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "muninn.middleware.BodyLimitMiddleware",  # first: an oversized body is refused before anything reads it
     "django.middleware.security.SecurityMiddleware",
+    "contributors.hotpath.WorkerHotPathMiddleware",  # claims and heartbeats, answered here as their views would
     "muninn.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -1,0 +1,155 @@
+"""Claims and heartbeats are answered ahead of Django's full request path (contributors/hotpath.py): the same
+answers as the API views give, every refusal included, in fewer statements."""
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from accounts.models import User
+from contributors.models import Device
+from jobs.models import WorkUnit
+
+from .test_spine import create_job
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
+HOT = "contributors.hotpath.WorkerHotPathMiddleware"
+
+
+def _client(token: str, **headers) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Device {token}", **headers)
+    return client
+
+
+def _answer(response) -> tuple:
+    body = response.json() if response.content else None
+    if isinstance(body, dict) and "unit" in body and isinstance(body["unit"], dict):
+        body["unit"].pop("lease_expires_at")  # the lease's time, a moment apart
+    if isinstance(body, dict) and "lease_expires_at" in body:
+        body.pop("lease_expires_at")
+    return response.status_code, body, response.get("Retry-After"), response.get("Content-Type")
+
+
+def _requests(token: str, other_token: str, unit_id: int) -> list:
+    """Every kind of claim and heartbeat a client may send, each as (client, method args)."""
+    mine, theirs, old = _client(token), _client(other_token), _client(token, HTTP_USER_AGENT="muninn-worker/0.0.1")
+    stranger, malformed = _client("not-a-token"), APIClient()
+    malformed.credentials(HTTP_AUTHORIZATION="Device")
+    return [
+        (mine, f"/api/worker/units/{unit_id}/heartbeat", None, None),
+        (theirs, f"/api/worker/units/{unit_id}/heartbeat", None, None),  # not the holder: lease_lost
+        (mine, "/api/worker/units/999999999/heartbeat", None, None),  # no such unit
+        (mine, "/api/worker/units/99999999999999999999/heartbeat", None, None),  # no such URL
+        (stranger, f"/api/worker/units/{unit_id}/heartbeat", None, None),
+        (malformed, f"/api/worker/units/{unit_id}/heartbeat", None, None),
+        (old, f"/api/worker/units/{unit_id}/heartbeat", None, None),  # too old a client: 426
+        (theirs, "/api/worker/claim", {"wait": "soon"}, "json"),
+        (theirs, "/api/worker/claim", {"wait": -1}, "json"),
+        (theirs, "/api/worker/claim", {"backends": ["cuda"]}, "json"),
+        (theirs, "/api/worker/claim", {"backends": "tpu"}, "json"),
+        (theirs, "/api/worker/claim", "[1, 2]", "application/json"),
+        (theirs, "/api/worker/claim", "{not json", "application/json"),
+        (theirs, "/api/worker/claim", "wait=0", "application/x-www-form-urlencoded"),
+        (stranger, "/api/worker/claim", {}, "json"),
+        (old, "/api/worker/claim", {}, "json"),
+        (theirs, "/api/worker/claim?wait=x", None, None),
+    ]
+
+
+def _send(client, path, body, kind):
+    if kind == "json":
+        return client.post(path, body, format="json")
+    if kind:
+        return client.post(path, body, content_type=kind)
+    return client.post(path)
+
+
+def test_the_hot_path_answers_every_claim_and_heartbeat_as_the_views_do(customer_api, digits_dataset, make_device,
+                                                                          settings):
+    a, b = make_device("a"), make_device("b")
+    hot = _client(a.token)
+    assert hot.post("/api/worker/claim", {}, format="json").status_code == 204  # no work yet (loads the hot chain)
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    b.claim()  # b holds its own unit: its claims below find nothing or are refused
+    claimed = hot.post("/api/worker/claim", {}, format="json")
+    unit_id = claimed.json()["unit"]["id"]
+    hot_answers = [_answer(_send(*request)) for request in _requests(a.token, b.token, unit_id)]
+    assert a.client.post(f"/api/worker/units/{unit_id}/release").status_code == 200
+
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != HOT]  # clients made from here on: the full way
+    again = _client(a.token).post("/api/worker/claim", {}, format="json")
+    full_answers = [_answer(_send(*request)) for request in _requests(a.token, b.token, unit_id)]
+
+    assert again.json()["unit"]["id"] == unit_id  # given back: queued again at once, for the same device
+    assert _answer(claimed) == _answer(again)
+    assert hot_answers == full_answers
+    statuses = [answer[0] for answer in hot_answers]
+    assert statuses == [200, 409, 404, 404, 401, 401, 426, 400, 400, 400, 400, 400, 400, 204, 401, 426, 400]
+
+
+def test_a_holders_heartbeat_is_one_statement_that_extends_the_lease_and_marks_the_device_seen(
+        customer_api, digits_dataset, make_device):
+    device = make_device("d")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()
+    device.client.post(f"/api/worker/units/{unit['id']}/heartbeat")  # the first: the token's device id is looked up
+    Device.objects.filter(pk=device.device.pk).update(last_seen_at=None)
+
+    with CaptureQueriesContext(connection) as queries:
+        answer = device.client.post(f"/api/worker/units/{unit['id']}/heartbeat")
+
+    assert answer.status_code == 200, answer.content
+    assert len(queries) == 1
+    leased = WorkUnit.objects.get(pk=unit["id"])
+    assert leased.lease_expires_at.isoformat().replace("+00:00", "Z") == answer.json()["lease_expires_at"]
+    assert Device.objects.get(pk=device.device.pk).last_seen_at is not None
+
+
+def test_a_device_disabled_after_its_heartbeats_were_served_is_refused(customer_api, digits_dataset, make_device):
+    device = make_device("d")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()
+    beat = f"/api/worker/units/{unit['id']}/heartbeat"
+    assert device.client.post(beat).status_code == 200  # its id is known to this process now
+
+    Device.objects.filter(pk=device.device.pk).update(is_active=False)
+    assert device.client.post(beat).status_code == 401
+    Device.objects.filter(pk=device.device.pk).update(is_active=True)
+    User.objects.filter(pk=device.device.owner_id).update(is_active=False)
+    assert device.client.post(beat).status_code == 401
+    assert device.client.post("/api/worker/claim", {}, format="json").status_code == 401
+
+
+def test_the_two_paths_share_one_rate_limit(customer_api, digits_dataset, make_device, settings):
+    settings.MUNINN_THROTTLES = {**settings.MUNINN_THROTTLES, "heartbeat": "3/min", "claim": "2/min"}
+    device, other = make_device("d"), make_device("o")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()  # claim 1 of 2
+    beat = f"/api/worker/units/{unit['id']}/heartbeat"
+
+    # a heartbeat the hot path serves, one it hands on (another device's unit), and one it serves again
+    assert device.client.post(beat).status_code == 200
+    assert other.client.post(beat).status_code == 409
+    assert [device.client.post(beat).status_code for _ in range(3)] == [200, 200, 429]
+    refused = device.client.post(beat)
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert refused.json()["error"]["code"] == "throttled"
+    assert device.client.post("/api/worker/claim", {}, format="json").status_code == 204  # claim 2 of 2
+    assert device.client.post("/api/worker/claim", {}, format="json").status_code == 429
+
+
+def test_a_quarantined_device_is_refused_its_claims_the_same_either_way(customer_api, digits_dataset, make_device,
+                                                                        settings):
+    device = make_device("d")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    Device.objects.filter(pk=device.device.pk).update(quarantined_at="2026-01-01T00:00:00Z",
+                                                      quarantine_reason="a test")
+
+    hot = _answer(device.client.post("/api/worker/claim", {}, format="json"))
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != HOT]
+    full = _answer(_client(device.token).post("/api/worker/claim", {}, format="json"))
+
+    assert hot == full
+    assert hot[0] == 403 and hot[1]["error"]["code"] == "device_quarantined"
