@@ -48,10 +48,9 @@ def state_dict_to_bytes(sd: dict[str, Tensor], metadata: dict[str, str] | None =
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise TypeError("safetensors metadata must map str to str")
     plain = plain_tensors(sd)
-    if metadata is None:
-        data = _serialize(plain)
-        if data is not None:
-            return data
+    data = _serialize(plain, metadata) if metadata is None or metadata else None
+    if data is not None:
+        return data
     data = _st_save(plain, metadata=metadata)
     return _metadata_sorted(data) if metadata else data
 
@@ -69,13 +68,17 @@ _RANK = {dtype: rank for rank, dtype in enumerate(_DTYPES)}
 _PLAIN_NAME = re.compile(r'[\x20-\x7e]*')  # printable ASCII: JSON writes it as it is, but for " and \
 
 
-def _serialize(tensors: dict[str, Tensor]) -> bytes | None:
-    """safetensors' bytes of plain tensors (plain_tensors), no metadata; None when a dtype or a name is one this
-    does not write as safetensors would (then safetensors writes it)."""
+def _serialize(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes | None:
+    """state_dict_to_bytes of plain tensors (plain_tensors): safetensors' bytes, with the metadata's keys sorted
+    first (_metadata_sorted); None when a dtype or a name is one this does not write as safetensors would (then
+    safetensors writes it)."""
     for name, tensor in tensors.items():
         if tensor.dtype not in _RANK or not _PLAIN_NAME.fullmatch(name) or '"' in name or "\\" in name:
             return None
     entries, chunks, offset = [], [], 0
+    if metadata:
+        entries.append('"__metadata__":' + json.dumps(dict(sorted(metadata.items())), separators=(",", ":"),
+                                                      ensure_ascii=False))
     for name in sorted(tensors, key=lambda k: (_RANK[tensors[k].dtype], k)):
         tensor = tensors[name]
         chunk = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""

@@ -141,12 +141,16 @@ def test_state_bytes_are_exactly_what_safetensors_writes():
 
     from safetensors.torch import save
 
-    from muninn_worker.tensors import plain_tensors
+    from muninn_worker.tensors import _metadata_sorted, plain_tensors
 
     rng = random.Random(7)
     for _ in range(2000):
         state = _random_state(rng)
         assert state_dict_to_bytes(state) == save(plain_tensors(state)), state
+        metadata = {rng.choice(["encoding", "job", "é", 'q"', "a b", "\n"]): rng.choice(["fp32", "3", "ü\t", ""])
+                    for _ in range(rng.randint(1, 3))}
+        written = _metadata_sorted(save(plain_tensors(state), metadata=metadata))
+        assert state_dict_to_bytes(state, metadata=metadata) == written, (state, metadata)
     model = init_state("mlp", CONFIG, seed=3)
     assert state_dict_to_bytes(model) == save(plain_tensors(model))
     transposed = torch.arange(6.0).reshape(2, 3).t()  # not contiguous
