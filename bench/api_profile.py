@@ -91,6 +91,8 @@ def main() -> int:
     devices = _world()
     _hold_tasks()
     timed = _wrap_parts()
+    if os.environ.get("API_PROFILE_SHOW_QUERIES"):
+        _record_statements()
 
     ops: dict[str, list[tuple[float, int]]] = defaultdict(list)
     rng = random.Random(0)
@@ -189,6 +191,21 @@ def _wrap_parts() -> dict[str, list[float]]:
     return timed
 
 
+_STATEMENTS: list[str] = []  # API_PROFILE_SHOW_QUERIES: the texts muninn/sql.py ran in the current op
+
+
+def _record_statements() -> None:
+    from muninn import sql
+
+    run = sql._run
+
+    def recorded(statement, params, read):
+        _STATEMENTS.append(statement)
+        return run(statement, params, read)
+
+    sql._run = recorded
+
+
 def _loop(device: tuple, ops: dict, weights_cache: dict, rng: random.Random) -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -199,15 +216,18 @@ def _loop(device: tuple, ops: dict, weights_cache: dict, rng: random.Random) -> 
     client, key = device
 
     def op(name: str, call):
+        _STATEMENTS.clear()
         with CaptureQueriesContext(connection) as queries:
             start = time.process_time()
             response = call()
             spent = time.process_time() - start
         ops[name].append((spent, len(queries)))
         if os.environ.get("API_PROFILE_SHOW_QUERIES") and len(ops[name]) == 50:  # one warm op of each kind
+            # muninn/sql.py's prepared statements are captured without their text: the texts come from _STATEMENTS
+            texts = iter(_STATEMENTS)
             print(f"--- {name}: {len(queries)} queries", file=sys.stderr)
             for query in queries:
-                print("   ", str(query["sql"])[:300], file=sys.stderr)
+                print("   ", str(query["sql"] or next(texts, "?"))[:200], file=sys.stderr)
         return response
 
     answer = op("claim", lambda: client.post("/api/worker/claim", "{}", content_type="application/json"))

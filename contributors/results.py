@@ -296,7 +296,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
 
 # A job's bound, once the median of NORM_BOUND_STABLE_UNITS or more, is recomputed at most every NORM_BOUND_TTL_S per
 # process: a few results more or less barely move such a median. A young job's is computed for every result.
-NORM_BOUND_TTL_S = 2.0
+NORM_BOUND_TTL_S = 10.0
 NORM_BOUND_STABLE_UNITS = 20
 _NORM_BOUNDS: dict[int, tuple[float, float]] = {}  # job id → (computed at, monotonic; bound)
 

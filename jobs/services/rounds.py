@@ -2,6 +2,7 @@
 results arrive, aggregated with the job's rule, and the ones beat must close or resume."""
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -173,13 +174,15 @@ def _round_arrivals(rnd: Round) -> deadlines.Arrivals:
                               {int(bucket): n for bucket, n in rnd.arrival_paces.items()})
 
 
-def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None) -> None:
+def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None, complete: bool = False) -> bool:
     """A result for `unit` arrived `now`: add it to the round's running statistic and move the deadlines to
     what the arrivals so far say, in constant time whatever the round's size (the caller holds the round's
     lock). Every result that arrives counts once, its unit's planned seconds giving its pace: a backup's
     arrival stands for its original's plan (a backup is a copy of it), and a result rejected later keeps the
     pace it showed (it arrived then; the cheap checks refused implausible times before it got here; the median
-    shrugs off a few odd ones). Without `unit`, the unit whose result arrived `now` is looked up."""
+    shrugs off a few odd ones). Without `unit`, the unit whose result arrived `now` is looked up. `complete`: the
+    same statement also answers _round_complete (an acceptance asks it next; one round trip less per result), and
+    this returns its answer (False when not asked)."""
     if unit is None:
         unit = rnd.units.filter(submitted_at=now).order_by("id").first()
     seen = _round_arrivals(rnd)
@@ -190,8 +193,30 @@ def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None
     rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
     rnd.deadline_at = rnd.opened_at + timedelta(seconds=soft)
     rnd.close_at = rnd.opened_at + timedelta(seconds=hard)
-    sql.update(Round, {f: getattr(rnd, f) for f in ("arrivals", "latest_arrival_seconds", "arrival_paces",
-                                                    "deadline_at", "close_at")}, id=rnd.pk)  # every result
+    values = [sql.value(Round, f, getattr(rnd, f)) for f in _RESCHEDULED]
+    if not complete:
+        sql.execute(_reschedule_sql(complete=False), [*values, rnd.pk])
+        return False
+    row = sql.fetch_one(_reschedule_sql(complete=True), [*values, rnd.pk, rnd.pk, *_UNFINISHED])
+    return bool(row[0])
+
+
+_RESCHEDULED = ("arrivals", "latest_arrival_seconds", "arrival_paces", "deadline_at", "close_at")
+_UNFINISHED = (WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING)
+
+
+@functools.cache
+def _reschedule_sql(*, complete: bool) -> str:
+    """The round's running statistic and deadlines, written once (muninn/sql.py: why): every result runs it. With
+    `complete`, it returns _round_complete's answer too, which sees this transaction's own writes (the unit just
+    accepted)."""
+    name = connection.ops.quote_name
+    columns = ", ".join(f"{name(Round._meta.get_field(f).column)} = %s" for f in _RESCHEDULED)
+    statement = f"UPDATE {sql.table(Round)} SET {columns} WHERE id = %s"
+    if complete:
+        statement += (f" RETURNING NOT EXISTS (SELECT 1 FROM {sql.table(WorkUnit)} WHERE round_id = %s "
+                      "AND status IN (%s, %s, %s))")
+    return statement
 
 
 def rounds_overdue(*, now: datetime | None = None) -> list[int]:
@@ -237,7 +262,7 @@ def jobs_stalled(*, now: datetime | None = None) -> list[int]:
 def _round_complete(rnd: Round) -> bool:
     """No unit of the round is queued, leased or verifying (one fixed statement: every result asks it)."""
     return sql.fetch_one(f"SELECT 1 FROM {sql.table(WorkUnit)} WHERE round_id = %s AND status IN (%s, %s, %s) LIMIT 1",
-                         [rnd.pk, WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.VERIFYING]) is None
+                         [rnd.pk, *_UNFINISHED]) is None
 
 
 def round_locked(round_id: int) -> Round:

@@ -78,10 +78,10 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
         WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
     job = unit.round.job
-    _round_reschedule(rnd, now, unit=unit)
+    complete = _round_reschedule(rnd, now, unit=unit, complete=not verify)  # a unit being verified keeps it open
     rnd.job = job
     unit.round = rnd
-    return unit, not verify and _round_complete(rnd)  # a unit being verified keeps its round open
+    return unit, complete
 
 
 def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:
