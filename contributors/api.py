@@ -360,33 +360,39 @@ class ResultView(DeviceView):
         # Refused before the body is read: a result can be no larger than an update of this unit's weights.
         results.result_body_check(device=request.auth, unit_id=unit_id,  # BodyLimitMiddleware refused non-numbers
                                   content_length=int(request.META.get("CONTENT_LENGTH") or 0))
-        upload = request.FILES.get("weights")
-        if upload is None:
-            raise InvalidInput("Attach the trained weights as the 'weights' file (safetensors).", code="no_weights")
-        if upload.size > settings.MUNINN_MAX_RESULT_BYTES:
-            raise TooLarge(f"The upload is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_RESULT_BYTES:,}.")
-        receipt_text = request.data.get("receipt") or ""
-        try:
-            raw = json.loads(receipt_text)
-        except (TypeError, ValueError):
-            raise InvalidInput("The 'receipt' field must be a JSON object.", code="bad_receipt") from None
-        try:
-            receipt = receipt_validated(raw if isinstance(raw, dict) else {})
-        except serializers.ValidationError as e:
-            field, errors = next(iter(e.detail.items()))
-            raise InvalidInput(f"receipt.{field}: {errors[0]}", code="bad_receipt", detail=e.detail) from None
-        offered = request.FILES.get("checkpoint")  # the last checkpoint, sent along for a challenge to take
-        if offered is not None and offered.size > 2 * settings.MUNINN_MAX_RESULT_BYTES:
-            raise TooLarge(f"The checkpoint is {offered.size:,} bytes; the limit is "
-                           f"{2 * settings.MUNINN_MAX_RESULT_BYTES:,}.")
-        stored = results.result_submit(device=request.auth, unit_id=unit_id, weights=upload.read(),
-                                        receipt=receipt, receipt_bytes=receipt_text.encode(),
-                                        signature=str(request.data.get("signature") or ""),
-                                        max_bytes=settings.MUNINN_MAX_RESULT_BYTES,
-                                        checkpoint=None if offered is None else offered.read())
-        return Response({"unit": unit_id, "status": stored.status, "reason": stored.reason,
-                         "hu": hu_str(stored.unit.hu), **credited_payload(stored),
-                         "challenge": challenges.challenge_payload(stored)}, status=201)
+        return Response(result_answer(
+            device=request.auth, unit_id=unit_id, upload=request.FILES.get("weights"),
+            offered=request.FILES.get("checkpoint"),  # the last checkpoint, sent along for a challenge to take
+            receipt_text=request.data.get("receipt") or "", signature=str(request.data.get("signature") or "")),
+            status=201)
+
+
+def result_answer(*, device, unit_id: int, upload, offered, receipt_text, signature: str) -> dict:
+    """A result's form, read (ResultView's, or a small one contributors/hotpath.py read itself): checked, stored
+    and answered (201's body). `upload` and `offered` (the weights and the checkpoint sent along) have a `size`
+    and a `read()` (Django's uploaded files, hotpath.Part). MuninnError for every refusal."""
+    if upload is None:
+        raise InvalidInput("Attach the trained weights as the 'weights' file (safetensors).", code="no_weights")
+    if upload.size > settings.MUNINN_MAX_RESULT_BYTES:
+        raise TooLarge(f"The upload is {upload.size:,} bytes; the limit is {settings.MUNINN_MAX_RESULT_BYTES:,}.")
+    try:
+        raw = json.loads(receipt_text)
+    except (TypeError, ValueError):
+        raise InvalidInput("The 'receipt' field must be a JSON object.", code="bad_receipt") from None
+    try:
+        receipt = receipt_validated(raw if isinstance(raw, dict) else {})
+    except serializers.ValidationError as e:
+        field, errors = next(iter(e.detail.items()))
+        raise InvalidInput(f"receipt.{field}: {errors[0]}", code="bad_receipt", detail=e.detail) from None
+    if offered is not None and offered.size > 2 * settings.MUNINN_MAX_RESULT_BYTES:
+        raise TooLarge(f"The checkpoint is {offered.size:,} bytes; the limit is "
+                       f"{2 * settings.MUNINN_MAX_RESULT_BYTES:,}.")
+    stored = results.result_submit(device=device, unit_id=unit_id, weights=upload.read(), receipt=receipt,
+                                    receipt_bytes=receipt_text.encode(), signature=signature,
+                                    max_bytes=settings.MUNINN_MAX_RESULT_BYTES,
+                                    checkpoint=None if offered is None else offered.read())
+    return {"unit": unit_id, "status": stored.status, "reason": stored.reason, "hu": hu_str(stored.unit.hu),
+            **credited_payload(stored), "challenge": challenges.challenge_payload(stored)}
 
 
 class CheckpointView(DeviceView):

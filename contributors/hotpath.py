@@ -1,6 +1,7 @@
-"""The worker API's two most frequent requests, claim and heartbeat, served ahead of the rest of Django's request
-path: most of a busy site's requests are these, and for them the middleware after this one, the URL resolver and
-DRF's request cycle (its Request, negotiation, rendering) were ~40 % of a heartbeat's CPU under load.
+"""The worker API's three most frequent requests, claim, heartbeat and result, served ahead of the rest of Django's
+request path: a busy site's requests are nearly all these, and the middleware after this one, the URL resolver
+and DRF's request cycle (its Request, negotiation, parsers, rendering) were ~40 % of a heartbeat's CPU under load
+and ~1 ms of a result's.
 
 `WorkerHotPathMiddleware` (after BodyLimitMiddleware and SecurityMiddleware, whose limits and headers still apply)
 answers what it can answer exactly as the API view would, and hands everything else to the rest of the chain:
@@ -10,7 +11,11 @@ answers what it can answer exactly as the API view would, and hands everything e
   read); a heartbeat it cannot extend (not the holder, an unknown or disabled token, no such unit) goes the full
   way, which answers it with the exact error;
 - a claim (`POST /api/worker/claim`, an empty body or a JSON object): the same authentication, services and
-  answers as `api.ClaimView` (push.unit_claim_wait), and the service's refusals in the API's error shape.
+  answers as `api.ClaimView` (push.unit_claim_wait), and the service's refusals in the API's error shape;
+- a small result (`POST /api/worker/units/<id>/result`, a plain multipart form within FILE_UPLOAD_MAX_MEMORY_SIZE):
+  the form read here, then `api.result_answer`, what ResultView runs on the form DRF's parser read; any form this
+  does not read exactly as Django would (a file without a name, a charset, another header, a field twice or one
+  the result does not have) goes the full way.
 
 Both keep the API's rate limits (the same throttles, keyed by the device, so the two paths share one budget), the
 worker client version check (a client too old goes the full way, to its 426), and anything unusual (another
@@ -39,11 +44,12 @@ from muninn import sql
 from muninn.errors import MuninnError, error_body
 from muninn.throttles import ClaimThrottle, HeartbeatThrottle
 
-from . import api, peers, push, versions
+from . import api, peers, push, results, versions
 from .authentication import TOUCH_EVERY_S, DeviceTokenAuthentication, token_hash
 from .models import Device
 
 _HEARTBEAT = re.compile(r"/api/worker/units/([1-9][0-9]{0,18})/heartbeat")
+_RESULT = re.compile(r"/api/worker/units/([1-9][0-9]{0,18})/result")
 _CLAIM = "/api/worker/claim"
 MAX_ID = 2**63 - 1  # muninn/converters.py: a longer id matches no URL
 
@@ -62,6 +68,10 @@ class WorkerHotPathMiddleware:
                 match = _HEARTBEAT.fullmatch(path)
                 if match and int(match[1]) <= MAX_ID:
                     answer = _heartbeat(request, int(match[1]))
+            elif path.endswith("/result"):
+                match = _RESULT.fullmatch(path)
+                if match and int(match[1]) <= MAX_ID:
+                    answer = _result(request, int(match[1]))
             if answer is not None:
                 return answer
         return self.get_response(request)
@@ -188,3 +198,112 @@ def _heartbeat_sql() -> str:
             f"AND (last_seen_at IS NULL OR last_seen_at < %s) RETURNING 1) "
             f"UPDATE {unit} SET lease_expires_at = %s WHERE id = %s AND status = %s "
             f"AND leased_device_id IN (SELECT id FROM device){sql.unflushed_returning('postgresql')}")
+
+
+# --- Results ----------------------------------------------------------------------------------------------
+
+class Part:
+    """A file part of a small result's form, read: what api.result_answer reads of an uploaded file."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.size = data, len(data)
+
+    def read(self) -> bytes:
+        return self.data
+
+
+_RESULT_FIELDS = {"weights": True, "checkpoint": True, "receipt": False, "signature": False}  # name → a file?
+# A file's name as Django keeps it (an empty or path-like one makes Django drop the part: the full way says so)
+_DISPOSITION = re.compile(r'form-data; name="([a-z]+)"(?:; filename="(?!\.\.?")[A-Za-z0-9._-]+")?')
+
+
+def _result(request, unit_id: int) -> HttpResponse | None:
+    """A small result (its whole form within FILE_UPLOAD_MAX_MEMORY_SIZE, which Django keeps in memory too):
+    api.result_answer on the form read here. A form this does not read exactly goes the full way (DRF's parser),
+    which still finds the body: Django keeps what was read."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return None
+    boundary = _boundary(request.META.get("CONTENT_TYPE", ""))
+    if boundary is None or not 0 < length <= settings.FILE_UPLOAD_MAX_MEMORY_SIZE or not _current_client(request):
+        return None
+    try:
+        found = DeviceTokenAuthentication().authenticate(request)
+    except exceptions.AuthenticationFailed:
+        return None
+    if found is None:
+        return None
+    device = found[1]
+    try:
+        # Before the body is read, as ResultView: a result can be no larger than an update of the unit's weights.
+        results.result_body_check(device=device, unit_id=unit_id, content_length=length)
+        form = _form(request.body, boundary)
+        if form is None:
+            return None
+        payload = api.result_answer(device=device, unit_id=unit_id, upload=form.get("weights"),
+                                    offered=form.get("checkpoint"), receipt_text=form.get("receipt") or "",
+                                    signature=str(form.get("signature") or ""))
+    except MuninnError as e:
+        answer = _json(error_body(e.code, e.message, e.detail))
+        answer.status_code = e.status
+        return answer
+    answer = _json(payload)
+    answer.status_code = 201
+    return answer
+
+
+def _boundary(content_type: str) -> bytes | None:
+    """The form's boundary; None for anything but multipart/form-data with one, and with its fields in UTF-8 (what
+    Django decodes them with, unless the request names another charset)."""
+    kind, *params = content_type.split(";")
+    if kind.strip().lower() != "multipart/form-data":
+        return None
+    named = {}
+    for param in params:
+        name, _, value = param.strip().partition("=")
+        named[name.strip().lower()] = value.strip().strip('"')
+    boundary = named.pop("boundary", "")
+    if named.pop("charset", "utf-8").lower() not in ("utf-8", "utf8") or named or not 0 < len(boundary) <= 200:
+        return None
+    return boundary.encode("latin-1", errors="replace")
+
+
+def _form(body: bytes, boundary: bytes) -> dict | None:
+    """The result's parts ({name: Part or str}) from a multipart/form-data body, or None when it is anything but a
+    plain one: each part a Content-Disposition naming one of the result's fields once (its files with a filename,
+    its text fields without), and at most a Content-Type beside it."""
+    delimiter = b"--" + boundary
+    if not body.startswith(delimiter + b"\r\n"):
+        return None
+    end = body.rfind(b"\r\n" + delimiter + b"--")
+    if end < 0 or body[end + len(delimiter) + 4:].strip(b"\r\n"):
+        return None
+    form: dict = {}
+    for chunk in body[len(delimiter) + 2:end].split(b"\r\n" + delimiter + b"\r\n"):
+        head, separator, value = chunk.partition(b"\r\n\r\n")
+        if not separator:
+            return None
+        disposition, typed = None, 0
+        for line in head.decode("latin-1").split("\r\n"):
+            name, _, text = line.partition(":")
+            name = name.strip().lower()
+            if name == "content-disposition" and disposition is None:
+                disposition = _DISPOSITION.fullmatch(text.strip())
+            elif name == "content-type" and not typed:
+                typed = 1
+            else:
+                return None
+        if disposition is None or disposition[1] not in _RESULT_FIELDS or disposition[1] in form:
+            return None
+        is_file = "filename=" in disposition[0]
+        if is_file != _RESULT_FIELDS[disposition[1]]:
+            return None
+        if is_file:
+            form[disposition[1]] = Part(value)
+        else:
+            try:
+                form[disposition[1]] = value.decode()
+            except UnicodeDecodeError:
+                return None
+    return form

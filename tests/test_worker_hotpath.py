@@ -2,12 +2,17 @@
 answers as the API views give, every refusal included, in fewer statements."""
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from muninn_worker import signing
 from rest_framework.test import APIClient
 
 from accounts.models import User
+from contributors import api
 from contributors.models import Device
 from jobs.models import WorkUnit
 
@@ -59,8 +64,8 @@ def _requests(token: str, other_token: str, unit_id: int) -> list:
 
 
 def _send(client, path, body, kind):
-    if kind == "json":
-        return client.post(path, body, format="json")
+    if kind in ("json", "multipart"):
+        return client.post(path, body, format=kind)
     if kind:
         return client.post(path, body, content_type=kind)
     return client.post(path)
@@ -153,3 +158,67 @@ def test_a_quarantined_device_is_refused_its_claims_the_same_either_way(customer
 
     assert hot == full
     assert hot[0] == 403 and hot[1]["error"]["code"] == "device_quarantined"
+
+
+def _result_requests(device, unit_id: int, stranger_token: str) -> list:
+    """Results the hot path must answer as ResultView does: each refused before its checks (the unit stays leased),
+    and forms it leaves to the full way. Each is (client, path, data, format or content type)."""
+    weights, receipt = device.train({"id": unit_id, **device.units[unit_id]})
+    text = json.dumps(receipt)
+    signature = signing.sign(device.signing_key, text.encode())
+    mine, stranger = _client(device.token), _client(stranger_token)
+    old = _client(device.token, HTTP_USER_AGENT="muninn-worker/0.0.1")
+    path, other = f"/api/worker/units/{unit_id}/result", "/api/worker/units/999999999/result"
+
+    def form(**parts):
+        return {"weights": io.BytesIO(weights), "receipt": text, "signature": signature, **parts}
+
+    nameless = (f'--B\r\nContent-Disposition: form-data; name="weights"; filename=""\r\n\r\n').encode() + weights + \
+        (f'\r\n--B\r\nContent-Disposition: form-data; name="receipt"\r\n\r\n{text}\r\n--B--\r\n').encode()
+    return [
+        (mine, path, {"receipt": text, "signature": signature}, "multipart"),  # no weights
+        (mine, path, form(receipt="{not json"), "multipart"),
+        (mine, path, form(receipt=json.dumps({**receipt, "samples": -1})), "multipart"),
+        (mine, path, form(receipt=json.dumps({k: v for k, v in receipt.items() if k != "steps"})), "multipart"),
+        (mine, path, form(receipt=io.BytesIO(text.encode())), "multipart"),  # the receipt as a file
+        (mine, path, nameless, "multipart/form-data; boundary=B"),  # a file without a name: Django drops it
+        (mine, path, receipt, "json"),  # not a form
+        (mine, other, form(), "multipart"),  # no such unit
+        (stranger, path, form(), "multipart"),
+        (old, path, form(), "multipart"),
+    ]
+
+
+def test_the_hot_path_answers_every_result_as_the_view_does(customer_api, digits_dataset, make_device, settings,
+                                                            monkeypatch):
+    device, other = make_device("d"), make_device("o")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()
+    device.units = {unit["id"]: unit}
+    theirs = other.claim()
+    hot = [_answer(_send(*request)) for request in _result_requests(device, unit["id"], "not-a-token")]
+    # A good result, answered with ResultView out of the way: the hot path serves it.
+    monkeypatch.setattr(api.ResultView, "post", lambda *args, **kwargs: pytest.fail("the full way was taken"))
+    accepted = _client(device.token).post(f"/api/worker/units/{unit['id']}/result",
+                                          _signed_form(device, unit), format="multipart")
+    monkeypatch.undo()
+
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != HOT]
+    full = [_answer(_send(*request)) for request in _result_requests(device, unit["id"], "not-a-token")]
+    full_accepted = _client(other.token).post(f"/api/worker/units/{theirs['id']}/result",
+                                              _signed_form(other, theirs), format="multipart")
+
+    assert hot == full
+    assert [answer[0] for answer in hot] == [400, 400, 400, 400, 400, 400, 415, 404, 401, 426], hot
+    assert accepted.status_code == full_accepted.status_code == 201, (accepted.content, full_accepted.content)
+    mine, theirs_answer = accepted.json(), full_accepted.json()
+    assert mine.keys() == theirs_answer.keys() and mine["unit"] == unit["id"]
+    assert (mine["status"], mine["credit"] if "credit" in mine else None) == \
+        (theirs_answer["status"], theirs_answer.get("credit"))
+
+
+def _signed_form(device, unit: dict) -> dict:
+    weights, receipt = device.train(unit)
+    text = json.dumps(receipt)
+    return {"weights": io.BytesIO(weights), "receipt": text,
+            "signature": signing.sign(device.signing_key, text.encode())}
