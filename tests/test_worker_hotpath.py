@@ -222,3 +222,50 @@ def _signed_form(device, unit: dict) -> dict:
     text = json.dumps(receipt)
     return {"weights": io.BytesIO(weights), "receipt": text,
             "signature": signing.sign(device.signing_key, text.encode())}
+
+
+def test_a_plainly_valid_receipt_is_validated_to_exactly_what_the_serializer_gives():
+    """api._plainly_valid skips the serializer's machinery for the receipts honest clients send; whatever it accepts
+    must validate to the very values the serializer gives (anything else is left to the serializer)."""
+    import math
+    import random
+
+    from rest_framework import serializers
+
+    rng = random.Random(5)
+    serializer = api.ReceiptSerializer()
+    hexes = lambda: f"{rng.getrandbits(256):064x}"  # noqa: E731
+    odd = [None, True, False, 0, -1, 1, 2**31, 2**63, 1.0, 2.5, -0.0, float("nan"), float("inf"), "1", " 1", "",
+           "2026-11-27T07:00:00Z", "2026-11-27T07:00:00+02:00", "2026-11-27", "yesterday", hexes().upper(),
+           " " + hexes(), hexes() + "\n", [], [hexes(), hexes()], [[hexes(), hexes()]] * 3, {}, 1e31, -1e30]
+    used = 0
+    for _ in range(400):
+        receipt = {"unit": rng.randint(1, 10**6), "weights_sha256": hexes(), "shard_sha256": hexes(),
+                   "output_sha256": hexes(), "samples": rng.randint(1, 10**4), "steps": rng.randint(0, 10**4),
+                   "loss_before": rng.choice([None, rng.uniform(0, 5), rng.randint(0, 5)]),
+                   "loss_after": rng.choice([None, rng.uniform(0, 5)]),
+                   "started_at": rng.choice(["2026-11-27T07:00:00Z", "2026-11-27T07:00:00.123456+00:00",
+                                             "2026-11-27T09:00:00+02:00"]),
+                   "finished_at": "2026-11-27T07:00:01.5Z", "train_seconds": rng.choice([0, 1.5, 3]),
+                   "segment_steps": rng.randint(1, 50),
+                   "checkpoints": [[hexes(), hexes()] for _ in range(rng.randint(2, 5))]}
+        mutated = dict(receipt)
+        if rng.random() < 0.8:
+            field = rng.choice(list(receipt))
+            if rng.random() < 0.1:
+                del mutated[field]
+            else:
+                mutated[field] = rng.choice(odd)
+        fast = api._plainly_valid(mutated, serializer)
+        try:
+            slow = serializer.run_validation(mutated)
+        except serializers.ValidationError:
+            slow = None
+        if mutated == receipt:
+            assert fast is not None, receipt  # the common case takes the fast way
+        if fast is not None:
+            used += 1
+            assert fast == slow, mutated
+            assert all(type(fast[k]) is type(slow[k]) for k in slow), mutated
+            assert not any(isinstance(v, float) and math.isnan(v) for v in fast.values())
+    assert used > 100
