@@ -92,7 +92,9 @@ class Receipt(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["id"], condition=models.Q(credit_pending=True),
-                                name="receipt_credit_pending")]
+                                name="receipt_credit_pending"),
+                   # every result looks up the receipts of its very bytes (a repeat, a replay, a copy)
+                   models.Index(fields=["output_sha256"], name="receipt_output")]
         constraints = [
             # at most one live result per unit: pending re-execution, or accepted
             models.UniqueConstraint(fields=["unit"], condition=models.Q(status__in=["pending", "accepted"]),

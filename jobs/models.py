@@ -237,6 +237,8 @@ class WorkUnit(models.Model):
             # a claim's first pass: the queued units sized for this device, in id order
             models.Index(fields=["preferred_device_id", "id"], condition=models.Q(status="queued"),
                          name="unit_queued_preferred"),
+            # a job's latest accepted units, round by round (contributors.results' norm history)
+            models.Index(fields=["round", "id"], condition=models.Q(status="accepted"), name="unit_accepted_round"),
         ]
 
     def __str__(self) -> str:

@@ -269,3 +269,39 @@ def test_a_plainly_valid_receipt_is_validated_to_exactly_what_the_serializer_giv
             assert all(type(fast[k]) is type(slow[k]) for k in slow), mutated
             assert not any(isinstance(v, float) and math.isnan(v) for v in fast.values())
     assert used > 100
+
+
+def test_the_norm_history_is_the_jobs_latest_accepted_units_across_its_rounds(customer_api, digits_dataset,
+                                                                              make_device):
+    """contributors.results' norm history reads a job's rounds from the latest (one index walk each): the same norms
+    as the job's accepted units by id, newest first, whatever other jobs hold."""
+    from django.db import connection as db
+    from muninn import sql
+
+    from contributors import results
+    from jobs.models import Job, Round
+
+    make_device("d")
+    mine, other = (create_job(customer_api, digits_dataset["id"], rounds=5)["id"] for _ in range(2))
+    template = WorkUnit.objects.filter(round__job_id=mine).first()
+    copied = {f.attname: getattr(template, f.attname) for f in WorkUnit._meta.concrete_fields
+              if f.attname not in ("id", "round_id", "index", "status", "result_metrics")}
+    for job_id in (mine, other):
+        first = Round.objects.get(job_id=job_id, number=1)
+        rounds = [first] + [Round.objects.create(job_id=job_id, number=n, weights_sha256=first.weights_sha256,
+                                                 deadline_at=first.deadline_at) for n in (2, 3, 4)]
+        for rnd in rounds:  # interleaved with the other job's, a few left unaccepted
+            for index in range(1, 90):
+                WorkUnit.objects.create(
+                    **copied, round=rnd, index=index,
+                    status=WorkUnit.Status.ACCEPTED if index % 7 else WorkUnit.Status.QUEUED,
+                    result_metrics={"update_norm_per_step": float(rnd.number * 1000 + index + job_id / 10)})
+    expected = [u.result_metrics.get("update_norm_per_step") for u in WorkUnit.objects.filter(
+        round__job_id=mine, status=WorkUnit.Status.ACCEPTED).order_by("-id")[:results.NORM_HISTORY_UNITS]]
+
+    params = [mine, results.NORM_HISTORY_UNITS + 1, WorkUnit.Status.ACCEPTED, results.NORM_HISTORY_UNITS,
+              results.NORM_HISTORY_UNITS]
+    read = [float(norm) if norm is not None else None for norm, in sql.fetch_all(results._norms_sql(db.vendor), params)]
+
+    assert len(expected) == results.NORM_HISTORY_UNITS and read == expected
+    assert Job.objects.count() == 2

@@ -7,7 +7,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from muninn_worker import flops as worker_flops
 from muninn_worker.federated import plan
@@ -73,12 +73,15 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
         _refuse_accept(WorkUnit.objects.get(pk=unit_id), rnd)
     for field, value in fields.items():
         setattr(unit, field, value)
-    if not verify:
-        _cancel_copies(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
+    copies = (unit.backup_of_id or unit.pk, unit.pk)  # (the shard, the winner)
+    together = not verify and connection.vendor == "postgresql"  # the copies cancelled by the round's statement
+    if not verify and not together:
+        _cancel_copies(shards=[copies[0]], winners=[copies[1]])
     if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
         WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
     job = unit.round.job
-    complete = _round_reschedule(rnd, now, unit=unit, complete=not verify)  # a unit being verified keeps it open
+    complete = _round_reschedule(rnd, now, unit=unit, complete=not verify,  # a unit being verified keeps it open
+                                 cancel_copies=copies if together else None)
     rnd.job = job
     unit.round = rnd
     return unit, complete
