@@ -175,7 +175,7 @@ def _round_arrivals(rnd: Round) -> deadlines.Arrivals:
 
 
 def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None, complete: bool = False,
-                      cancel_copies: tuple[int, int] | None = None) -> bool:
+                      cancelling: tuple[str, list] | None = None) -> bool:
     """A result for `unit` arrived `now`: add it to the round's running statistic and move the deadlines to
     what the arrivals so far say, in constant time whatever the round's size (the caller holds the round's
     lock). Every result that arrives counts once, its unit's planned seconds giving its pace: a backup's
@@ -183,9 +183,10 @@ def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None
     pace it showed (it arrived then; the cheap checks refused implausible times before it got here; the median
     shrugs off a few odd ones). Without `unit`, the unit whose result arrived `now` is looked up. `complete`: the
     same statement also answers _round_complete (an acceptance asks it next; one round trip less per result), and
-    this returns its answer (False when not asked). `cancel_copies` (shard, winner), with `complete`: the same
-    statement also cancels the shard's other copies (units._cancel_copies; on PostgreSQL, one statement less under
-    the round's lock, which every result of the round waits on); the caller cancels them itself elsewhere."""
+    this returns its answer (False when not asked). `cancelling`, with `complete` on PostgreSQL: an UPDATE of units
+    (its text and parameters: units._cancel_copies_statement) run as this statement's WITH, one statement less under
+    the round's lock, which every result of the round waits on. The round-complete test sees the statement's
+    snapshot, from before that UPDATE: the units it returns are left out of the test by their ids."""
     if unit is None:
         unit = rnd.units.filter(submitted_at=now).order_by("id").first()
     seen = _round_arrivals(rnd)
@@ -200,12 +201,13 @@ def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None
     if not complete:
         sql.execute(_reschedule_sql(complete=False), [*values, rnd.pk])
         return False
-    if cancel_copies is None:
+    if cancelling is None:
         row = sql.fetch_one(_reschedule_sql(complete=True), [*values, rnd.pk, rnd.pk, *_UNFINISHED])
     else:
-        shard, winner = cancel_copies
-        row = sql.fetch_one(_accepted_sql(), [WorkUnit.Status.CANCELLED, shard, shard, winner,
-                                              WorkUnit.Status.ACCEPTED, *values, rnd.pk, rnd.pk, *_UNFINISHED])
+        statement, params = cancelling
+        row = sql.fetch_one(f"WITH cancelled AS ({statement} RETURNING id) "
+                            f"{_reschedule_sql(complete=True, cancelled=True)}",
+                            [*params, *values, rnd.pk, rnd.pk, *_UNFINISHED])
     return bool(row[0])
 
 
@@ -214,28 +216,18 @@ _UNFINISHED = (WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.V
 
 
 @functools.cache
-def _reschedule_sql(*, complete: bool) -> str:
+def _reschedule_sql(*, complete: bool, cancelled: bool = False) -> str:
     """The round's running statistic and deadlines, written once (muninn/sql.py: why): every result runs it. With
     `complete`, it returns _round_complete's answer too, which sees this transaction's own writes (the unit just
-    accepted)."""
+    accepted); `cancelled`: leaving out the units of a WITH named so."""
     name = connection.ops.quote_name
     columns = ", ".join(f"{name(Round._meta.get_field(f).column)} = %s" for f in _RESCHEDULED)
     statement = f"UPDATE {sql.table(Round)} SET {columns} WHERE id = %s"
     if complete:
+        left_out = " AND id NOT IN (SELECT id FROM cancelled)" if cancelled else ""
         statement += (f" RETURNING NOT EXISTS (SELECT 1 FROM {sql.table(WorkUnit)} WHERE round_id = %s "
-                      "AND status IN (%s, %s, %s))")
+                      f"AND status IN (%s, %s, %s){left_out})")
     return statement
-
-
-@functools.cache
-def _accepted_sql() -> str:
-    """PostgreSQL: units._cancel_copies for one accepted unit (its shard's other copies), then the round's
-    statistic and _round_complete, in one statement. Its subqueries see the statement's snapshot, before the
-    copies are cancelled: those are left out of the round-complete test by their ids."""
-    return (f"WITH cancelled AS (UPDATE {sql.table(WorkUnit)} SET status = %s, lease_token = NULL, "
-            "lease_expires_at = NULL WHERE (id = %s OR backup_of_id = %s) AND id <> %s AND status <> %s RETURNING id) "
-            + _reschedule_sql(complete=True).replace(
-                "AND status IN (%s, %s, %s))", "AND status IN (%s, %s, %s) AND id NOT IN (SELECT id FROM cancelled))"))
 
 
 def rounds_overdue(*, now: datetime | None = None) -> list[int]:

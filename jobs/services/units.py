@@ -73,15 +73,15 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
         _refuse_accept(WorkUnit.objects.get(pk=unit_id), rnd)
     for field, value in fields.items():
         setattr(unit, field, value)
-    copies = (unit.backup_of_id or unit.pk, unit.pk)  # (the shard, the winner)
-    together = not verify and connection.vendor == "postgresql"  # the copies cancelled by the round's statement
-    if not verify and not together:
-        _cancel_copies(shards=[copies[0]], winners=[copies[1]])
+    copies = None if verify else _cancel_copies_statement(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
+    together = copies is not None and connection.vendor == "postgresql"  # cancelled by the round's statement
+    if copies is not None and not together:
+        sql.execute(*copies)
     if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
         WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
     job = unit.round.job
     complete = _round_reschedule(rnd, now, unit=unit, complete=not verify,  # a unit being verified keeps it open
-                                 cancel_copies=copies if together else None)
+                                 cancelling=copies if together else None)
     rnd.job = job
     unit.round = rnd
     return unit, complete
@@ -101,11 +101,17 @@ def _cancel_copies(*, shards: list[int], winners: list[int]) -> int:
     """The other copies of these accepted units' shards (a straggler and its backups; a shard is named by its
     original's id) will not count: cancel them, so their late results are refused and the round need not wait for
     them. One statement (every acceptance runs it), its text fixed by the lists' lengths."""
+    return sql.execute(*_cancel_copies_statement(shards=shards, winners=winners))
+
+
+def _cancel_copies_statement(*, shards: list[int], winners: list[int]) -> tuple[str, list]:
+    """_cancel_copies' statement and its parameters (an accepted result's runs inside the round's statement on
+    PostgreSQL: rounds._round_reschedule's `cancelling`)."""
     marks = lambda n: ", ".join(["%s"] * n)  # noqa: E731
-    return sql.execute(f"UPDATE {sql.table(WorkUnit)} SET status = %s, lease_token = NULL, lease_expires_at = NULL "
-                       f"WHERE (id IN ({marks(len(shards))}) OR backup_of_id IN ({marks(len(shards))})) "
-                       f"AND id NOT IN ({marks(len(winners))}) AND status <> %s",
-                       [WorkUnit.Status.CANCELLED, *shards, *shards, *winners, WorkUnit.Status.ACCEPTED])
+    return (f"UPDATE {sql.table(WorkUnit)} SET status = %s, lease_token = NULL, lease_expires_at = NULL "
+            f"WHERE (id IN ({marks(len(shards))}) OR backup_of_id IN ({marks(len(shards))})) "
+            f"AND id NOT IN ({marks(len(winners))}) AND status <> %s",
+            [WorkUnit.Status.CANCELLED, *shards, *shards, *winners, WorkUnit.Status.ACCEPTED])
 
 
 def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:
