@@ -178,9 +178,9 @@ async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: f
 class Connection:
     """One device's keep-alive HTTP/1.1 connection to the site, written and read by hand. The simulated devices
     share the site's two cores, so what they spend is taken from the site: aiohttp cost ~0.36 ms of CPU more per
-    request than this (the devices' share went from 0.77 to 0.41 ms per op). Answers with a Content-Length or chunked (gunicorn
-    streams a file), and a connection idle for a second is closed before gunicorn closes it (its keep-alive is
-    2 s), so no request is sent on a connection the server is closing."""
+    request than this (the devices' share went from 0.77 to 0.41 ms per op). Answers with a Content-Length or
+    chunked (gunicorn streams a file), and a connection idle for a second is closed before gunicorn closes it (its
+    keep-alive is 2 s), so no request is sent on a connection the server is closing."""
 
     IDLE_S = 1.0
 
@@ -235,8 +235,9 @@ class Connection:
         return status, (await self.reader.readexactly(length) if length else b""), keep
 
 
-async def _device(connection: Connection, device: dict, stats: Stats, cache: WeightsCache, options: argparse.Namespace, *,
-                  start: float, stop_at: float, interval: float, rng: random.Random) -> None:
+async def _device(connection: Connection, device: dict, stats: Stats, cache: WeightsCache,
+                  options: argparse.Namespace, *, start: float, stop_at: float, interval: float,
+                  rng: random.Random) -> None:
     """One device: claim, heartbeat, post a result, again, until the time is up; paced to one op per
     `interval` seconds when it is set (the first at a random offset, so the devices do not march together)."""
     from muninn_worker import signing, tensors

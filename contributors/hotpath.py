@@ -17,12 +17,12 @@ answers what it can answer exactly as the API view would, and hands everything e
   does not read exactly as Django would (a file without a name, a charset, another header, a field twice or one
   the result does not have) goes the full way.
 
-Both keep the API's rate limits (the same throttles, keyed by the device, so the two paths share one budget), the
-worker client version check (a client too old goes the full way, to its 426), and anything unusual (another
-authorization, a form or malformed body, a throttled device) goes the full way and gets its answer there. The
-views stay what the OpenAPI schema documents; tests/test_worker_hotpath.py holds the two paths to the same
-answers. On SQLite (the one-machine default) every request goes the full way: the fold needs PostgreSQL's
-data-modifying WITH.
+All three keep the API's rate limits (claims and heartbeats: the same throttles, keyed by the device, so the two
+paths share one budget; results have none) and the worker client version check (a client too old goes the full
+way, to its 426); anything unusual (another authorization, a form or malformed body, a throttled device) goes the
+full way and gets its answer there. The views stay what the OpenAPI schema documents; tests/test_worker_hotpath.py
+holds the two paths to the same answers. On SQLite (the one-machine default) heartbeats go the full way: their
+fold needs PostgreSQL's data-modifying WITH; claims and results take the hot path there too.
 """
 from __future__ import annotations
 
@@ -77,10 +77,25 @@ class WorkerHotPathMiddleware:
         return self.get_response(request)
 
 
-def _json(payload: dict) -> HttpResponse:
+def _json(payload: dict, status: int = 200) -> HttpResponse:
     """As DRF's JSONRenderer writes it (compact, UTF-8)."""
     return HttpResponse(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode(),
-                        content_type="application/json")
+                        content_type="application/json", status=status)
+
+
+def _refused(error: MuninnError) -> HttpResponse:
+    """A service's refusal in the API's error shape, as muninn.errors.api_exception_handler answers it."""
+    return _json(error_body(error.code, error.message, error.detail), error.status)
+
+
+def _device(request) -> Device | None:
+    """The request's device, authenticated as the views' DeviceTokenAuthentication does; None for anything it
+    would refuse or not take (the full way answers those)."""
+    try:
+        found = DeviceTokenAuthentication().authenticate(request)
+    except exceptions.AuthenticationFailed:
+        return None
+    return None if found is None else found[1]
 
 
 def _allowed(throttle_class, device_id: int) -> bool:
@@ -102,13 +117,9 @@ def _claim(request) -> HttpResponse | None:
     data = _json_object(request)
     if data is None:
         return None
-    try:
-        found = DeviceTokenAuthentication().authenticate(request)
-    except exceptions.AuthenticationFailed:
+    device = _device(request)
+    if device is None or not _allowed(ClaimThrottle, device.pk):
         return None
-    if found is None or not _allowed(ClaimThrottle, found[1].pk):
-        return None
-    device = found[1]
     asked = SimpleNamespace(data=data, query_params=request.GET)  # what api.claim_wait and claim_backends read
     try:
         claim = push.unit_claim_wait(device=device, wait=api.claim_wait(asked), backends=api.claim_backends(asked))
@@ -117,9 +128,7 @@ def _claim(request) -> HttpResponse | None:
         answer["Retry-After"] = str(full.retry_after)
         return answer
     except MuninnError as e:
-        answer = _json(error_body(e.code, e.message, e.detail))
-        answer.status_code = e.status
-        return answer
+        return _refused(e)
     if claim is None:
         return HttpResponse(status=204)
     if claim.check is not None:
@@ -162,7 +171,7 @@ def _heartbeat(request, unit_id: int) -> HttpResponse | None:
     now = timezone.now()
     expires = now + timezone.timedelta(seconds=settings.MUNINN_LEASE_SECONDS)
     extended = sql.execute(_heartbeat_sql(), [
-        device_id, hashed, sql.value(Device, "last_seen_at", now), device_id,
+        device_id, hashed, sql.value(Device, "last_seen_at", now),
         sql.value(Device, "last_seen_at", now - timezone.timedelta(seconds=TOUCH_EVERY_S)),
         sql.value(WorkUnit, "lease_expires_at", expires), unit_id, WorkUnit.Status.LEASED])
     if not extended:
@@ -194,7 +203,7 @@ def _heartbeat_sql() -> str:
     device, user, unit = sql.table(Device), sql.table(get_user_model()), sql.table(WorkUnit)
     return (f"WITH device AS (SELECT d.id FROM {device} d JOIN {user} u ON u.id = d.owner_id "
             f"WHERE d.id = %s AND d.token_hash = %s AND d.is_active AND u.is_active), "
-            f"seen AS (UPDATE {device} SET last_seen_at = %s WHERE id = %s AND id IN (SELECT id FROM device) "
+            f"seen AS (UPDATE {device} SET last_seen_at = %s WHERE id IN (SELECT id FROM device) "
             f"AND (last_seen_at IS NULL OR last_seen_at < %s) RETURNING 1) "
             f"UPDATE {unit} SET lease_expires_at = %s WHERE id = %s AND status = %s "
             f"AND leased_device_id IN (SELECT id FROM device){sql.unflushed_returning('postgresql')}")
@@ -228,13 +237,9 @@ def _result(request, unit_id: int) -> HttpResponse | None:
     boundary = _boundary(request.META.get("CONTENT_TYPE", ""))
     if boundary is None or not 0 < length <= settings.FILE_UPLOAD_MAX_MEMORY_SIZE or not _current_client(request):
         return None
-    try:
-        found = DeviceTokenAuthentication().authenticate(request)
-    except exceptions.AuthenticationFailed:
+    device = _device(request)
+    if device is None:
         return None
-    if found is None:
-        return None
-    device = found[1]
     try:
         # Before the body is read, as ResultView: a result can be no larger than an update of the unit's weights.
         results.result_body_check(device=device, unit_id=unit_id, content_length=length)
@@ -245,12 +250,8 @@ def _result(request, unit_id: int) -> HttpResponse | None:
                                     offered=form.get("checkpoint"), receipt_text=form.get("receipt") or "",
                                     signature=str(form.get("signature") or ""))
     except MuninnError as e:
-        answer = _json(error_body(e.code, e.message, e.detail))
-        answer.status_code = e.status
-        return answer
-    answer = _json(payload)
-    answer.status_code = 201
-    return answer
+        return _refused(e)
+    return _json(payload, 201)
 
 
 def _boundary(content_type: str) -> bytes | None:

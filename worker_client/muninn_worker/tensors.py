@@ -84,7 +84,8 @@ def _serialize(tensors: dict[str, Tensor], metadata: dict[str, str] | None = Non
         chunk = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
         end = offset + len(chunk)
         shape = ",".join(str(n) for n in tensor.shape)
-        entries.append(f'"{name}":{{"dtype":"{_DTYPES[tensor.dtype]}","shape":[{shape}],"data_offsets":[{offset},{end}]}}')
+        entries.append(f'"{name}":{{"dtype":"{_DTYPES[tensor.dtype]}","shape":[{shape}],'
+                       f'"data_offsets":[{offset},{end}]}}')
         chunks.append(chunk)
         offset = end
     header = ("{" + ",".join(entries) + "}").encode()
