@@ -183,10 +183,10 @@ def _live_receipt(device: Device, unit_id: int, output_sha: str,
 
 def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, signature: str, evidence: dict,
             output_sha: str, result_sha: str, metrics: dict, verify: bool, challenged: list[int]) -> Receipt:
-    """Store the receipt and accept the unit in one transaction (the round's statistic, and its aggregation when
-    this was its last unit, follow once it commits: jobs.unit_accept). A concurrent delivery of the same result
-    that committed its receipt first makes this insert fail on the unit's one live receipt (a Conflict, as
-    unit_accept would raise)."""
+    """Store the receipt and accept the unit in one transaction. The receipt goes first: unit_accept takes the
+    round's lock, which every result of the round waits on until this transaction commits, so nothing that need
+    not be under it is. A concurrent delivery of the same result that committed its receipt first makes this
+    insert fail on the unit's one live receipt (a Conflict, as unit_accept would raise)."""
     try:
         with transaction.atomic():
             stored = sql.insert(Receipt(  # a statement written once (muninn/sql.py): every result stores one
@@ -202,12 +202,15 @@ def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, sign
                 challenge_deadline=(timezone.now() + timezone.timedelta(seconds=settings.MUNINN_CHALLENGE_SECONDS)
                                     if challenged else None),
             ))
-            unit = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token, result_sha256=result_sha,
-                                    samples=receipt["samples"], metrics=metrics, verify=verify, unit=unit)
+            unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token,
+                                                    result_sha256=result_sha, samples=receipt["samples"],
+                                                    metrics=metrics, verify=verify, unit=unit)
             if verify and not challenged:  # a diverged result: the validator re-trains the unit whole, at once
                 reexecution_due.send(sender=Receipt, unit_id=unit.pk)
             elif not verify:  # charged off the request, in a batch per job (contributors.credit)
                 credit_on_commit(unit.round.job_id)
+            if round_complete:
+                aggregate_on_commit(unit.round_id)
             failpoint("result.before_commit")
     except IntegrityError:
         if not Receipt.objects.filter(unit_id=unit.pk, status__in=LIVE).exists():

@@ -42,8 +42,7 @@ def _recomputed(rnd: Round, arrived: list[deadlines.Arrival], django_settings) -
 @pytest.mark.django_db
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(speeds=st.lists(st.sampled_from([0.0, 5e3, 2e4, 1e5]), min_size=1, max_size=5), ops=st.lists(OPS, max_size=30))
-def test_the_running_statistic_gives_the_deadlines_of_a_full_recompute(customer, settings, speeds, ops,
-                                                                       django_capture_on_commit_callbacks):
+def test_the_running_statistic_gives_the_deadlines_of_a_full_recompute(customer, settings, speeds, ops):
     settings.MUNINN_ROUND_DEADLINE_SECONDS = 10**7  # room for the arrivals' pace to show (no ceiling in the way)
     dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=digits_npz(400))
     job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams={"batch_size": 8}, rounds=1, seed=1)
@@ -64,7 +63,7 @@ def test_the_running_statistic_gives_the_deadlines_of_a_full_recompute(customer,
                 unit_id = sorted(leased)[n % len(leased)]
                 unit = WorkUnit.objects.get(pk=unit_id)
                 try:
-                    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+                    with transaction.atomic():
                         jobs.unit_accept(unit_id=unit_id, lease_token=leased.pop(unit_id), result_sha256="0" * 64,
                                          samples=unit.samples, metrics={}, verify=op == "verify")
                 except Conflict:

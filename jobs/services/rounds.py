@@ -21,7 +21,6 @@ from muninn.failpoints import failpoint
 
 from .. import deadlines, selectors, storage
 from ..models import Job, Round, WorkUnit
-from ..signals import round_complete
 from ..shards import shards_to_bytes
 
 from .datasets import load_xy
@@ -175,35 +174,24 @@ def _round_arrivals(rnd: Round) -> deadlines.Arrivals:
                               {int(bucket): n for bucket, n in rnd.arrival_paces.items()})
 
 
-def round_arrival(*, round_id: int, arrival: deadlines.Arrival, complete: bool) -> bool:
-    """A result arrived (`arrival`: when, after the round opened, and the seconds its unit was planned to take) and
-    its own transaction committed: add it to the round's running statistic and move the deadlines, in constant time
-    whatever the round's size; with `complete` (an accepted result, not one held for re-execution), tell
-    `round_complete` when no unit of the round is unfinished any more. Returns that answer.
-
-    Its own short transaction, after the result's (see units.unit_accept: results of one round never wait on each
-    other there), holding the round's row only for the statistic's two statements, and not waiting for the disk:
-    a crash that loses it costs deadlines a little off, and a round whose last arrival it was is aggregated by
-    beat's sweep of stalled rounds (rounds_stalled). Every result that finishes a unit runs its own afterwards, so
-    of two results finishing the round's last two units at once, the later to commit sees the other's unit done."""
-    with transaction.atomic():
-        rnd = round_locked(round_id, mode=STATISTIC, durable=False)
-        if rnd.status != Round.Status.OPEN:  # aggregated (or closed at its hard deadline) meanwhile
-            return False
-        complete = _round_reschedule(rnd, arrival, complete=complete)
-        if complete:
-            round_complete.send(sender=Round, round_id=round_id)  # and jobs.tasks aggregates it once this commits
-    return complete
-
-
-def _round_reschedule(rnd: Round, arrival: deadlines.Arrival, *, complete: bool = False) -> bool:
-    """Add `arrival` to the round's running statistic and move the deadlines to what the arrivals so far say (the
-    caller holds the round's row). Every result that arrives counts once, its unit's planned seconds giving its
-    pace: a backup's arrival stands for its original's plan (a backup is a copy of it), and a result rejected later
-    keeps the pace it showed (it arrived then; the cheap checks refused implausible times before it got here; the
-    median shrugs off a few odd ones). `complete`: the same statement also answers _round_complete (one round trip
-    less per result), and this returns its answer (False when not asked)."""
-    seen = _round_arrivals(rnd).add(arrival)
+def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None, complete: bool = False,
+                      cancelling: tuple[str, list] | None = None) -> bool:
+    """A result for `unit` arrived `now`: add it to the round's running statistic and move the deadlines to
+    what the arrivals so far say, in constant time whatever the round's size (the caller holds the round's
+    lock). Every result that arrives counts once, its unit's planned seconds giving its pace: a backup's
+    arrival stands for its original's plan (a backup is a copy of it), and a result rejected later keeps the
+    pace it showed (it arrived then; the cheap checks refused implausible times before it got here; the median
+    shrugs off a few odd ones). Without `unit`, the unit whose result arrived `now` is looked up. `complete`: the
+    same statement also answers _round_complete (an acceptance asks it next; one round trip less per result), and
+    this returns its answer (False when not asked). `cancelling`, with `complete` on PostgreSQL: an UPDATE of units
+    (its text and parameters: units._cancel_copies_statement) run as this statement's WITH, one statement less under
+    the round's lock, which every result of the round waits on. The round-complete test sees the statement's
+    snapshot, from before that UPDATE: the units it returns are left out of the test by their ids."""
+    if unit is None:
+        unit = rnd.units.filter(submitted_at=now).order_by("id").first()
+    seen = _round_arrivals(rnd)
+    if unit is not None:
+        seen = seen.add(deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds))
     soft, hard = _deadlines(plan=deadlines.Plan(rnd.plan_seconds, rnd.plan_complete), arrivals=seen)
     rnd.arrivals, rnd.latest_arrival_seconds = seen.count, seen.latest
     rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
@@ -213,7 +201,14 @@ def _round_reschedule(rnd: Round, arrival: deadlines.Arrival, *, complete: bool 
     if not complete:
         sql.execute(_reschedule_sql(complete=False), [*values, rnd.pk])
         return False
-    return bool(sql.fetch_one(_reschedule_sql(complete=True), [*values, rnd.pk, rnd.pk, *_UNFINISHED])[0])
+    if cancelling is None:
+        row = sql.fetch_one(_reschedule_sql(complete=True), [*values, rnd.pk, rnd.pk, *_UNFINISHED])
+    else:
+        statement, params = cancelling
+        row = sql.fetch_one(f"WITH cancelled AS ({statement} RETURNING id) "
+                            f"{_reschedule_sql(complete=True, cancelled=True)}",
+                            [*params, *values, rnd.pk, rnd.pk, *_UNFINISHED])
+    return bool(row[0])
 
 
 _RESCHEDULED = ("arrivals", "latest_arrival_seconds", "arrival_paces", "deadline_at", "close_at")
@@ -221,16 +216,17 @@ _UNFINISHED = (WorkUnit.Status.QUEUED, WorkUnit.Status.LEASED, WorkUnit.Status.V
 
 
 @functools.cache
-def _reschedule_sql(*, complete: bool) -> str:
+def _reschedule_sql(*, complete: bool, cancelled: bool = False) -> str:
     """The round's running statistic and deadlines, written once (muninn/sql.py: why): every result runs it. With
-    `complete`, it returns _round_complete's answer too (its snapshot is taken once the round's row is held: see
-    round_arrival)."""
+    `complete`, it returns _round_complete's answer too, which sees this transaction's own writes (the unit just
+    accepted); `cancelled`: leaving out the units of a WITH named so."""
     name = connection.ops.quote_name
     columns = ", ".join(f"{name(Round._meta.get_field(f).column)} = %s" for f in _RESCHEDULED)
     statement = f"UPDATE {sql.table(Round)} SET {columns} WHERE id = %s"
     if complete:
+        left_out = " AND id NOT IN (SELECT id FROM cancelled)" if cancelled else ""
         statement += (f" RETURNING NOT EXISTS (SELECT 1 FROM {sql.table(WorkUnit)} WHERE round_id = %s "
-                      f"AND status IN (%s, %s, %s))")
+                      f"AND status IN (%s, %s, %s){left_out})")
     return statement
 
 
@@ -280,22 +276,10 @@ def _round_complete(rnd: Round) -> bool:
                          [rnd.pk, *_UNFINISHED]) is None
 
 
-# How round_locked holds the round's row (PostgreSQL's row locks; other databases lock more, or all, at once):
-EXCLUSIVE = "UPDATE"  # nothing else touches the round: aggregation, verification, stragglers, closing
-RESULT = "KEY SHARE"  # a result: any number at once, none while an EXCLUSIVE lock is held or waited for
-STATISTIC = "NO KEY UPDATE"  # the round's statistic (round_arrival): one at a time, beside results
-
-
-def round_locked(round_id: int, *, mode: str = EXCLUSIVE, durable: bool = True) -> Round:
-    """The round, its row locked in `mode` for the caller's transaction (where the database locks rows).
-    `durable=False`: the transaction's commit does not wait for the disk (PostgreSQL's synchronous_commit, for this
-    transaction only; set in the same statement): for what a crash may lose at no cost."""
-    lock, fast = "", ""
-    if connection.features.has_select_for_update:
-        lock = f" FOR {mode}"
-    if not durable and connection.vendor == "postgresql":
-        fast = ", set_config('synchronous_commit', 'off', true)"
-    row = sql.fetch_one(f"SELECT {sql.columns(Round)}{fast} FROM {sql.table(Round)} WHERE id = %s{lock}", [round_id])
+def round_locked(round_id: int) -> Round:
+    """The round, its row locked for the caller's transaction (where the database locks rows)."""
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    row = sql.fetch_one(f"SELECT {sql.columns(Round)} FROM {sql.table(Round)} WHERE id = %s{lock}", [round_id])
     if row is None:
         raise Round.DoesNotExist(f"There is no round {round_id}.")
-    return sql.instance(Round, row[:-1] if fast else row)
+    return sql.instance(Round, row)

@@ -2,7 +2,6 @@
 backoff; how a unit trains (its steps, its samples)."""
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from datetime import timedelta
@@ -15,12 +14,11 @@ from muninn_worker.federated import plan
 
 from muninn import sql
 from muninn.errors import Conflict
-from muninn.failpoints import failpoint
 
-from .. import deadlines, wakeups
+from .. import wakeups
 from ..models import Round, WorkUnit
 
-from .rounds import RESULT, _round_complete, round_arrival, round_locked
+from .rounds import _round_complete, _round_reschedule, round_locked
 
 log = logging.getLogger(__name__)
 
@@ -54,48 +52,39 @@ SUPERSEDED = "Another device's result for the same shard was accepted first (thi
 
 
 def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, samples: int,
-                metrics: dict, verify: bool = False, unit: WorkUnit | None = None) -> WorkUnit:
+                metrics: dict, verify: bool = False, unit: WorkUnit | None = None) -> tuple[WorkUnit, bool]:
     """Record a result that passed the cheap checks: accepted at once, or `verify`ing until a re-execution
     agrees (see unit_verified / unit_reject). An accepted result cancels its shard's other copy (a
-    straggler and its backup: the first valid result wins). Must run inside the caller's transaction so that the
-    receipt commits with it. `unit`: the unit as the caller loaded it (with its round and job), updated in place
-    rather than read again.
-
-    Results of one round do not wait on each other: each holds the round's row in a shared mode (rounds.RESULT)
-    until it commits, which keeps out only what must see every result in flight (an aggregation, a verdict, a
-    straggler's backup: rounds.EXCLUSIVE), and a result that comes after those finds the round as they left it.
-    Two copies of one shard (a straggler and its backup) meet on the original's row, which each locks first,
-    so that only the first is accepted. Once the result commits, its arrival moves the round's deadlines and, the
-    last unit done, has the round aggregated: rounds.round_arrival, in a transaction of its own."""
+    straggler and its backup: the first valid result wins). Its arrival moves the round's deadlines.
+    Returns (unit, round_complete). Must run inside the caller's transaction so that the receipt commits with
+    it. The round row is locked first, so an aggregation never misses a result it has already been told about,
+    and two copies of one shard are never both accepted. `unit`: the unit as the caller loaded it (with its round
+    and job), updated in place rather than read again."""
     if unit is None:
         unit = WorkUnit.objects.select_related("round__job").get(pk=unit_id)
-    rnd = round_locked(unit.round_id, mode=RESULT)
+    rnd = round_locked(unit.round_id)
     now = timezone.now()
-    if unit.backup_of_id is not None:  # the shard's row first; a backup's arrival stands for its original's
-        sql.execute(f"UPDATE {sql.table(WorkUnit)} SET submitted_at = COALESCE(submitted_at, %s) WHERE id = %s",
-                    [now, unit.backup_of_id])
     fields = {"status": WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED,
               "accepted_at": None if verify else now, "result_sha256": result_sha256, "result_samples": samples,
               "result_metrics": metrics, "lease_expires_at": None, "submitted_at": now}
-    # One conditional update: still leased to this lease, in a round still open (no EXCLUSIVE lock is held).
+    # One conditional update: still leased to this lease, in a round still open (the round's lock is held).
     if rnd.status != Round.Status.OPEN or not sql.update(WorkUnit, fields, id=unit_id, status=WorkUnit.Status.LEASED,
                                                          lease_token=lease_token):
         _refuse_accept(WorkUnit.objects.get(pk=unit_id), rnd)
     for field, value in fields.items():
         setattr(unit, field, value)
-    if not verify:
-        _cancel_copies(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
-    arrival = deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds)
-    transaction.on_commit(functools.partial(_arrived, round_id=rnd.pk, arrival=arrival, complete=not verify),
-                          robust=True)  # the result stands: a failure here is logged, and beat's sweep makes up
-    rnd.job = unit.round.job
+    copies = None if verify else _cancel_copies_statement(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
+    together = copies is not None and connection.vendor == "postgresql"  # cancelled by the round's statement
+    if copies is not None and not together:
+        sql.execute(*copies)
+    if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
+        WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
+    job = unit.round.job
+    complete = _round_reschedule(rnd, now, unit=unit, complete=not verify,  # a unit being verified keeps it open
+                                 cancelling=copies if together else None)
+    rnd.job = job
     unit.round = rnd
-    return unit
-
-
-def _arrived(**arrival) -> None:
-    failpoint("result.before_round_statistic")
-    round_arrival(**arrival)
+    return unit, complete
 
 
 def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:
@@ -112,11 +101,17 @@ def _cancel_copies(*, shards: list[int], winners: list[int]) -> int:
     """The other copies of these accepted units' shards (a straggler and its backups; a shard is named by its
     original's id) will not count: cancel them, so their late results are refused and the round need not wait for
     them. One statement (every acceptance runs it), its text fixed by the lists' lengths."""
+    return sql.execute(*_cancel_copies_statement(shards=shards, winners=winners))
+
+
+def _cancel_copies_statement(*, shards: list[int], winners: list[int]) -> tuple[str, list]:
+    """_cancel_copies' statement and its parameters (an accepted result's runs inside the round's statement on
+    PostgreSQL: rounds._round_reschedule's `cancelling`)."""
     marks = lambda n: ", ".join(["%s"] * n)  # noqa: E731
-    return sql.execute(f"UPDATE {sql.table(WorkUnit)} SET status = %s, lease_token = NULL, lease_expires_at = NULL "
-                       f"WHERE (id IN ({marks(len(shards))}) OR backup_of_id IN ({marks(len(shards))})) "
-                       f"AND id NOT IN ({marks(len(winners))}) AND status <> %s",
-                       [WorkUnit.Status.CANCELLED, *shards, *shards, *winners, WorkUnit.Status.ACCEPTED])
+    return (f"UPDATE {sql.table(WorkUnit)} SET status = %s, lease_token = NULL, lease_expires_at = NULL "
+            f"WHERE (id IN ({marks(len(shards))}) OR backup_of_id IN ({marks(len(shards))})) "
+            f"AND id NOT IN ({marks(len(winners))}) AND status <> %s",
+            [WorkUnit.Status.CANCELLED, *shards, *shards, *winners, WorkUnit.Status.ACCEPTED])
 
 
 def unit_verified(*, unit_id: int) -> tuple[WorkUnit, bool]:

@@ -6,8 +6,6 @@ or restart something; unset (always, outside that suite) each call is one dictio
     aggregate.before_commit   jobs.services.round_aggregate: the new global model is computed, not yet committed
     verify.before_commit      contributors.verification.unit_verify: re-executed, the verdict not yet committed
     result.before_commit      contributors.results: a device's result accepted, not yet committed
-    result.before_round_statistic  jobs.services.unit_accept: a result committed, its round's statistic (and
-                              the round's aggregation, after its last unit) not yet written
     credit.before_commit      contributors.credit: a batch of accepted units charged, not yet committed
 """
 from muninn_worker.failpoints import Failpoints
