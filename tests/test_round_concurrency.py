@@ -3,6 +3,7 @@ accepted, and a result that comes during an aggregation waits for it and finds t
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -55,6 +56,7 @@ def waiting_for_a_lock(n: int, timeout: float = 10) -> None:
                            "AND wait_event_type = 'Lock'")
             if cursor.fetchone()[0] >= n:
                 return
+            time.sleep(0.01)
     raise AssertionError(f"{n} session(s) never waited for a lock")
 
 

@@ -74,14 +74,14 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     for field, value in fields.items():
         setattr(unit, field, value)
     copies = None if verify else _cancel_copies_statement(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
-    together = copies is not None and connection.vendor == "postgresql"  # cancelled by the round's statement
-    if copies is not None and not together:
+    if copies is not None and connection.vendor != "postgresql":  # PostgreSQL runs it in the round's statement
         sql.execute(*copies)
+        copies = None
     if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
         WorkUnit.objects.filter(pk=unit.backup_of_id, submitted_at__isnull=True).update(submitted_at=now)
     job = unit.round.job
     complete = _round_reschedule(rnd, now, unit=unit, complete=not verify,  # a unit being verified keeps it open
-                                 cancelling=copies if together else None)
+                                 cancelling=copies)
     rnd.job = job
     unit.round = rnd
     return unit, complete
