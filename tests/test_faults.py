@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import requests
 from celery import Celery
 from kombu import Connection
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.models import Q
 from django.utils import timezone
 from muninn_worker import codec, signing, tensors, training, zoo
@@ -181,7 +182,7 @@ def site(django_db_setup, tmp_path_factory):
                    # only under a lowered check floor; new devices are checked every time at any floor.
                    MUNINN_MIN_CHECK_RATE="0.05")
     try:
-        with Stack(env=env, log_dir=log_dir) as stack:
+        with Stack(env=env, log_dir=log_dir) as stack, _flush_retried_on_deadlock():
             port = free_port()
             stack.celery_worker()
             stack.celery_beat()
@@ -191,6 +192,31 @@ def site(django_db_setup, tmp_path_factory):
     finally:
         redis.stop()
         celery_app.conf.task_always_eager = True
+
+
+@contextmanager
+def _flush_retried_on_deadlock(tries: int = 5):
+    """Each test's database is flushed (one TRUNCATE of every table) while the site's processes keep running: beat
+    sends its sweeps every few seconds, so a task may hold one table and want another the TRUNCATE already holds.
+    PostgreSQL then cancels one of the two; when it is the flush, it is run again (the task's side rolled back or
+    finished). Anything but a deadlock is raised at once."""
+    ops_class = type(connection.ops)
+    flush = ops_class.execute_sql_flush
+
+    def retried(self, sql_list):
+        for attempt in range(tries):
+            try:
+                return flush(self, sql_list)
+            except OperationalError as exc:
+                if "deadlock detected" not in str(exc) or attempt == tries - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    ops_class.execute_sql_flush = retried
+    try:
+        yield
+    finally:
+        ops_class.execute_sql_flush = flush
 
 
 @pytest.fixture(autouse=True)
