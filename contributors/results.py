@@ -384,12 +384,12 @@ def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, 
     X, y = X[:LOSS_CHECK_SAMPLES], y[:LOSS_CHECK_SAMPLES]
     job = unit.round.job
     model = _check_model(job, reference)
-    before = training.evaluate(model, X, y)["loss"]
+    before = training.loss_on(model, X, y)
     if job.base_weights_id is None:  # the same model with the new weights (a LoRA job's base goes on after them)
         model = _check_model(job, state)
     else:
         model = jobs.job_model(job, state)
-    return before, training.evaluate(model, X, y)["loss"]
+    return before, training.loss_on(model, X, y)
 
 
 _CHECK_MODELS = threading.local()  # per request thread: job id → its model, weights loaded afresh for each result
@@ -409,7 +409,7 @@ def _check_model(job, state: dict):
     if entry is None:
         if len(kept) >= CHECK_MODELS_KEPT:
             kept.clear()
-        model = zoo.build_model(job.template, job.model_config)
+        model = zoo.build_model(job.template, job.model_config).eval()  # kept in eval mode: loss_on need not walk it
         entry = kept[job.pk] = (model, model.state_dict(keep_vars=True))
     model, slots = entry
     if state.keys() != slots.keys() or any(state[k].shape != t.shape for k, t in slots.items()):

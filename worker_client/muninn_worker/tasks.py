@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["task_of", "loss", "loss_sum", "batch_stats", "summarise", "target_dtype"]
+__all__ = ["task_of", "loss", "loss_sum", "sample_count", "batch_stats", "summarise", "target_dtype"]
 
 
 def task_of(model: nn.Module) -> str:
@@ -26,7 +26,7 @@ def target_dtype(task: str) -> torch.dtype:
 
 def loss(model: nn.Module, output: Tensor, target: Tensor) -> Tensor:
     """The mean training loss of a batch."""
-    return loss_sum(model, output, target) / _count(task_of(model), target)
+    return loss_sum(model, output, target) / sample_count(task_of(model), target)
 
 
 def loss_sum(model: nn.Module, output: Tensor, target: Tensor) -> Tensor:
@@ -39,15 +39,15 @@ def loss_sum(model: nn.Module, output: Tensor, target: Tensor) -> Tensor:
     return F.cross_entropy(output, target, reduction="sum")
 
 
-def _count(task: str, target: Tensor) -> int:
-    # Per token for language models (a sample is a window), per sample otherwise.
+def sample_count(task: str, target: Tensor) -> int:
+    """What a batch's loss is averaged over: tokens for a language model (a sample is a window), samples otherwise."""
     return target.numel() if task == "language_model" else target.shape[0]
 
 
 def batch_stats(model: nn.Module, output: Tensor, target: Tensor) -> dict[str, float]:
     """Sums over a batch that `summarise` turns into metrics (so chunked evaluation adds up exactly)."""
     task = task_of(model)
-    stats = {"loss_sum": loss_sum(model, output, target).item(), "count": float(_count(task, target))}
+    stats = {"loss_sum": loss_sum(model, output, target).item(), "count": float(sample_count(task, target))}
     if task == "classification":
         stats["correct"] = float((output.argmax(dim=1) == target).sum().item())
     elif task == "regression":

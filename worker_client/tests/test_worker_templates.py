@@ -175,3 +175,22 @@ def test_the_quote_counts_exactly_the_flops_a_unit_does(template):
         train(template, model, X, y, batch_size=8)
 
     assert counter.get_total_flops() == flops.unit_flops(per_sample, len(y), hp["epochs"], forward)
+
+
+TASK_CONFIGS = {**TINY, "mlp-regression": {"in_features": 6, "hidden": [8], "task": "regression"}}
+
+
+@pytest.mark.parametrize("name", sorted(TASK_CONFIGS))
+@pytest.mark.parametrize("chunk", [training._EVAL_CHUNK, 5])  # whole, and in chunks (the sums add up the same way)
+def test_loss_on_is_exactly_evaluates_loss_for_every_task_and_leaves_the_mode_alone(name, chunk, monkeypatch):
+    template = name.split("-")[0]
+    spec = zoo.get_template(template)
+    X, y = spec.example_batch(TASK_CONFIGS[name], 24, seed=3)
+    model = fresh_model(template, TASK_CONFIGS[name], X, y)
+    train(template, model, X, y, seed=5, batch_size=8)  # trained weights, not the initial ones
+    monkeypatch.setattr(training, "_EVAL_CHUNK", chunk)
+
+    for mode in (True, False):
+        model.train(mode)
+        assert training.loss_on(model, X, y) == training.evaluate(model, X, y)["loss"], (name, mode)
+        assert model.training is mode and all(m.training is mode for m in model.modules())
