@@ -107,6 +107,26 @@ def test_staff_may_require_an_approved_owner(customer_api, make_device, contribu
     assert claimed_unit(device) is not None
 
 
+def test_a_due_policy_is_read_by_one_thread_while_the_others_go_on_with_the_last_one(monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(exposure, "POLICY_TTL_S", 0.0)  # every read is due at once
+    ExposurePolicy.objects.update_or_create(pk=1, defaults={"min_verified_units": 7})
+    assert exposure.policy_current().min_verified_units == 7
+    ExposurePolicy.objects.filter(pk=1).update(min_verified_units=9)  # another process's change: no signal here
+
+    with exposure._policy_lock, CaptureQueriesContext(connection) as reading:  # another thread is reading it
+        assert exposure.policy_current().min_verified_units == 7
+        assert len(reading) == 0
+    with CaptureQueriesContext(connection) as reading:  # nobody is: this thread reads it
+        assert exposure.policy_current().min_verified_units == 9
+        assert len(reading) > 0
+    exposure.policy_forget()  # forgotten (a save in this process): the next claim waits for a fresh read
+    ExposurePolicy.objects.filter(pk=1).update(min_verified_units=11)
+    assert exposure.policy_current().min_verified_units == 11
+
+
 def test_a_sensitive_rounds_shards_are_sized_for_trusted_devices_only(customer_api, make_device):
     newcomer, veteran = make_device("new"), make_device("veteran")
     make_trusted(veteran)
