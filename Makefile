@@ -28,6 +28,7 @@ demo: setup  ## headless end to end: 3 worker clients train a 10-round FedAvg ML
 	$(PY) scripts/demo.py
 
 test: setup  ## the whole suite, on the local PostgreSQL and Redis (started if they are not answering)
+	bash scripts/chromium.sh
 	bash scripts/test.sh -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 test-fast: setup  ## for quick local runs: all but the real-process suites and the API contract run (CI runs all)
