@@ -307,16 +307,20 @@ def _norm_bound(job_id: int) -> float:
     cached = _NORM_BOUNDS.get(job_id)
     if cached is not None and now - cached[0] < NORM_BOUND_TTL_S:
         return cached[1]
-    params = [job_id, WorkUnit.Status.ACCEPTED, NORM_HISTORY_UNITS]
-    if connection.vendor == "postgresql":
-        params = [job_id, NORM_HISTORY_UNITS + 1, WorkUnit.Status.ACCEPTED, NORM_HISTORY_UNITS, NORM_HISTORY_UNITS]
-    norms = [float(norm or 0.0) for norm, in sql.fetch_all(_norms_sql(connection.vendor), params)]
+    norms = [float(norm or 0.0) for norm, in sql.fetch_all(_norms_sql(connection.vendor),
+                                                           _norms_params(connection.vendor, job_id))]
     bound = checks.norm_bound(norms)
     if len(norms) >= NORM_BOUND_STABLE_UNITS:
         if len(_NORM_BOUNDS) > 1024:
             _NORM_BOUNDS.clear()
         _NORM_BOUNDS[job_id] = (now, bound)
     return bound
+
+
+def _norms_params(vendor: str, job_id: int) -> list:
+    if vendor == "postgresql":
+        return [job_id, NORM_HISTORY_UNITS + 1, NORM_HISTORY_UNITS, NORM_HISTORY_UNITS]
+    return [job_id, NORM_HISTORY_UNITS]
 
 
 @functools.cache
@@ -328,14 +332,15 @@ def _norms_sql(vendor: str) -> str:
     under bench/load.py's 40 jobs, a quarter of PostgreSQL's CPU). A later round's units all have higher ids (it
     opens when the one before has closed), so the order is the same; and the latest limit + 1 rounds hold the
     latest `limit` accepted units (a round closes with at least one; only the open one may have none)."""
+    accepted = sql.literal(WorkUnit.Status.ACCEPTED)  # unit_accepted_round serves the generic plan too
     if vendor == "postgresql":
         return (f"SELECT x.norm FROM (SELECT id FROM {sql.table(Round)} WHERE job_id = %s ORDER BY id DESC LIMIT %s) r "
                 "CROSS JOIN LATERAL "
                 f"(SELECT u.id, u.result_metrics ->> 'update_norm_per_step' AS norm FROM {sql.table(WorkUnit)} u "
-                "WHERE u.round_id = r.id AND u.status = %s ORDER BY u.id DESC LIMIT %s) x "
+                f"WHERE u.round_id = r.id AND u.status = {accepted} ORDER BY u.id DESC LIMIT %s) x "
                 "ORDER BY r.id DESC, x.id DESC LIMIT %s")
     return (f"SELECT json_extract(u.result_metrics, '$.update_norm_per_step') FROM {sql.table(WorkUnit)} u "
-            f"JOIN {sql.table(Round)} r ON r.id = u.round_id WHERE r.job_id = %s AND u.status = %s "
+            f"JOIN {sql.table(Round)} r ON r.id = u.round_id WHERE r.job_id = %s AND u.status = {accepted} "
             "ORDER BY u.id DESC LIMIT %s")
 
 

@@ -106,7 +106,8 @@ def test_a_holders_heartbeat_is_one_statement_that_extends_the_lease_and_marks_t
         answer = device.client.post(f"/api/worker/units/{unit['id']}/heartbeat")
 
     assert answer.status_code == 200, answer.content
-    assert len(queries) == 1
+    # One statement on PostgreSQL (hotpath: its CTEs); elsewhere the full way's authentication, touch and update.
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 3)
     leased = WorkUnit.objects.get(pk=unit["id"])
     assert leased.lease_expires_at.isoformat().replace("+00:00", "Z") == answer.json()["lease_expires_at"]
     assert Device.objects.get(pk=device.device.pk).last_seen_at is not None
@@ -299,9 +300,8 @@ def test_the_norm_history_is_the_jobs_latest_accepted_units_across_its_rounds(cu
     expected = [u.result_metrics.get("update_norm_per_step") for u in WorkUnit.objects.filter(
         round__job_id=mine, status=WorkUnit.Status.ACCEPTED).order_by("-id")[:results.NORM_HISTORY_UNITS]]
 
-    params = [mine, results.NORM_HISTORY_UNITS + 1, WorkUnit.Status.ACCEPTED, results.NORM_HISTORY_UNITS,
-              results.NORM_HISTORY_UNITS]
-    read = [float(norm) if norm is not None else None for norm, in sql.fetch_all(results._norms_sql(db.vendor), params)]
+    read = [float(norm) if norm is not None else None
+            for norm, in sql.fetch_all(results._norms_sql(db.vendor), results._norms_params(db.vendor, mine))]
 
     assert len(expected) == results.NORM_HISTORY_UNITS and read == expected
     assert Job.objects.count() == 2

@@ -51,8 +51,6 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     at = functools.partial(sql.value, WorkUnit, "lease_expires_at")  # a datetime as the database stores one
     params = {"device": device_id, "now": at(now), "expires": at(expires), "max_held": max_held,
               "token": sql.value(WorkUnit, "lease_token", uuid.uuid4()),
-              "queued": WorkUnit.Status.QUEUED, "leased": WorkUnit.Status.LEASED, "open": Round.Status.OPEN,
-              "running": Job.Status.RUNNING,
               "refused_after": at(now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS)),
               **{f"like_{b}": f"%{b}%" for b in backends}, **{f"memory_{b}": resources[b] for b in backends},
               **{f"template_{n}": t for n, t in enumerate(templates or ())}}
@@ -80,8 +78,12 @@ def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: boo
     dataset = sql.table(Job._meta.get_field("dataset").related_model)
     runnable = " OR ".join(f"(j.backends LIKE %(like_{b})s AND u.min_memory_bytes <= %(memory_{b})s)"
                            for b in backends) or "false"
+    # The statuses are written into the text (sql.literal: the partial indexes unit_queued_preferred and
+    # unit_leased_device then serve the prepared statement's generic plan too).
+    queued, leased = sql.literal(WorkUnit.Status.QUEUED), sql.literal(WorkUnit.Status.LEASED)
     where = [
-        "u.status = %(queued)s", "r.status = %(open)s", "j.status = %(running)s", f"({runnable})",
+        f"u.status = {queued}", f"r.status = {sql.literal(Round.Status.OPEN)}",
+        f"j.status = {sql.literal(Job.Status.RUNNING)}", f"({runnable})",
         "(u.not_before IS NULL OR u.not_before <= %(now)s)",
         # never a unit refused from this device for a while, nor the backup of a unit this device is running
         "NOT COALESCE(u.refused_device_id = %(device)s AND u.not_before > %(refused_after)s, false)",
@@ -98,9 +100,9 @@ def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: boo
                      if templates else "false")
     lock = " FOR UPDATE OF u SKIP LOCKED" if vendor == "postgresql" else ""
     pick = f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} ORDER BY u.id LIMIT 1{lock}"
-    return (f"UPDATE {unit} SET status = %(leased)s, lease_token = %(token)s, leased_device_id = %(device)s, "
-            f"lease_expires_at = %(expires)s, attempts = attempts + 1 WHERE id = ({pick}) AND status = %(queued)s "
-            f"AND (SELECT count(*) FROM {unit} held WHERE held.status = %(leased)s AND held.leased_device_id = "
+    return (f"UPDATE {unit} SET status = {leased}, lease_token = %(token)s, leased_device_id = %(device)s, "
+            f"lease_expires_at = %(expires)s, attempts = attempts + 1 WHERE id = ({pick}) AND status = {queued} "
+            f"AND (SELECT count(*) FROM {unit} held WHERE held.status = {leased} AND held.leased_device_id = "
             f"%(device)s) < %(max_held)s RETURNING {sql.columns(WorkUnit)}{sql.unflushed(vendor)}")
 
 
