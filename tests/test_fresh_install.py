@@ -78,6 +78,11 @@ def test_the_contributor_pages_commands_install_and_run_the_client_in_a_fresh_vi
         port = url.rsplit(":", 1)[1]  # and nothing of the site is on that machine's own loopback
         assert shell(f"curl -sf --max-time 3 http://127.0.0.1:{port}/healthz").returncode != 0
 
+    # The site builds the wheel it serves on the first request for it (or at release: manage.py build_worker_wheel).
+    # Built here first, as a release would, so the contributor's pip, whose timeout is cut to 5 s above, never waits
+    # on that build: on a loaded machine it took longer, and pip gave up on the download.
+    wheel_url = re.search(r"(https?://\S+\.whl)", commands["install"])[1]
+    assert requests.get(wheel_url, timeout=300).status_code == 200
     for line in commands["install"].splitlines():  # literally, line by line
         done = shell(line)
         assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
