@@ -26,6 +26,7 @@ import pytest
 import requests
 from celery import Celery
 from kombu import Connection
+from psycopg.errors import DeadlockDetected
 from django.conf import settings
 from django.db import OperationalError, connection
 from django.db.models import Q
@@ -208,7 +209,7 @@ def _flush_retried_on_deadlock(tries: int = 5):
             try:
                 return flush(self, sql_list)
             except OperationalError as exc:
-                if "deadlock detected" not in str(exc) or attempt == tries - 1:
+                if not isinstance(exc.__cause__, DeadlockDetected) or attempt == tries - 1:
                     raise
                 time.sleep(0.2 * (attempt + 1))
 

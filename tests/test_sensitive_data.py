@@ -9,7 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts import services as accounts
@@ -108,9 +110,6 @@ def test_staff_may_require_an_approved_owner(customer_api, make_device, contribu
 
 
 def test_a_due_policy_is_read_by_one_thread_while_the_others_go_on_with_the_last_one(monkeypatch):
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     monkeypatch.setattr(exposure, "POLICY_TTL_S", 0.0)  # every read is due at once
     ExposurePolicy.objects.update_or_create(pk=1, defaults={"min_verified_units": 7})
     assert exposure.policy_current().min_verified_units == 7

@@ -327,7 +327,7 @@ def loss_on(model: nn.Module, X: Tensor, y: Tensor) -> float:
     was_training = model.training
     if was_training:
         model.eval()
-    chunk = max(1, _EVAL_CHUNK // (X.shape[1] if X.ndim == 2 and not X.is_floating_point() else 1))
+    chunk = _eval_rows(X)
     total = 0.0
     try:
         for start in range(0, X.shape[0], chunk):
@@ -345,7 +345,7 @@ def evaluate(model: nn.Module, X: Tensor, y: Tensor) -> dict[str, float]:
     X, y = _prepare(model, X, y)
     was_training = model.training
     model.eval()
-    chunk = max(1, _EVAL_CHUNK // (X.shape[1] if X.ndim == 2 and not X.is_floating_point() else 1))
+    chunk = _eval_rows(X)
     totals: dict[str, float] = {}
     try:
         for start in range(0, X.shape[0], chunk):
@@ -371,6 +371,11 @@ def predict(model: nn.Module, X: Tensor) -> Tensor:
     finally:
         model.train(was_training)
     return torch.cat(chunks).cpu() if chunks else torch.empty(0, dtype=torch.long)
+
+
+def _eval_rows(X: Tensor) -> int:
+    """Rows per evaluation chunk: _EVAL_CHUNK samples, or _EVAL_CHUNK tokens of a language model's windows."""
+    return max(1, _EVAL_CHUNK // (X.shape[1] if X.ndim == 2 and not X.is_floating_point() else 1))
 
 
 def _prepare(model: nn.Module, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
