@@ -49,6 +49,17 @@ def django_db_setup(django_db_setup, django_db_blocker):
     connection.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _suite_password_hasher():
+    """Users made in the tests' process hash their passwords at a cost the suite can afford (tests/hashers.py);
+    the site's own hashers stay listed after it, so any hash verifies."""
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["tests.hashers.SuitePBKDF2PasswordHasher", *settings.PASSWORD_HASHERS]):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_media(settings, tmp_path):
     settings.MEDIA_ROOT = str(tmp_path / "media")
