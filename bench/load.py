@@ -27,8 +27,8 @@ the first one sent the result the site then accepted) and in the database afterw
 whose validity overlaps: from creation to the lease's receipt, or to the lease's expiry). The JSON's
 `double_leases` is the larger.
 
-Last, round planning: `jobs.services.round_open` (plan shards ∝ throughput, write one unit and one shard
-blob per device) and the pure `federated.sharding.plan_shards` alone, for 10, 100, 1,000 and 10,000 online devices
+Last, round planning: `jobs.services.round_open` (plan shards ∝ throughput, one unit per device, the round's
+shards in one blob) and the pure `federated.sharding.plan_shards` alone, for 10, 100, 1,000 and 10,000 online devices
 (bench/load_planning.py runs this part alone).
 
     .venv/bin/python bench/load.py [--devices 200] [--seconds 20] [--rate 500] [--workers 3] [--threads 8]

@@ -1,5 +1,5 @@
-"""bench/load.py's round planning: `jobs.services.round_open` (shards ∝ throughput, one unit and one shard
-blob per device) and the pure `federated.sharding.plan_shards`, for 10, 100, 1,000 and 10,000 online devices.
+"""bench/load.py's round planning: `jobs.services.round_open` (shards ∝ throughput, one unit per device, the
+round's shards in one blob) and the pure `federated.sharding.plan_shards`, for 10, 100, 1,000 and 10,000 online devices.
 
 Alone, without the load phases (drops and recreates its own PostgreSQL database):
 

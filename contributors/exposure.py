@@ -24,7 +24,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from jobs import selectors as job_selectors
-from jobs import storage
+from jobs import services as jobs
 from jobs.models import Job, WorkUnit
 from muninn.errors import MuninnError
 
@@ -134,16 +134,16 @@ def devices_annotated(devices: QuerySet[Device]) -> QuerySet[Device]:
 def shard_download(*, device: Device, unit: WorkUnit, peer_check: PeerCheck | None = None):
     """The unit's shard as the device downloads it (a file object for FileResponse). A sensitive dataset's shard
     is served only to a device trusted now, opened from its sealed blob, and the download is recorded before it is
-    served (a shard the site cannot open is not served, nor recorded: sealing.SealError); any other shard is the
-    plain blob, as before."""
+    served (a shard the site cannot open is not served, nor recorded: sealing.SealError); any other shard is its
+    share of the round's pack (jobs.unit_shard_bytes)."""
     job: Job = unit.round.job
     key = job_selectors.job_data_key(job)
     if key is None:
-        return storage.blob_open(unit.shard_sha256)
+        return io.BytesIO(jobs.unit_shard_bytes(unit, key=None))
     if not device_is_trusted(device):
         raise NotTrusted("This shard belongs to a dataset its owner marked sensitive, and this device does not meet "
                          f"the site's trust level for such data now ({policy_words(policy_current())}).")
-    shard = storage.data_get(unit.shard_sha256, key=key)
+    shard = jobs.unit_shard_bytes(unit, key=key)
     ShardDownload.objects.create(device=device, owner_id=device.owner_id, job=job, unit=unit, peer_check=peer_check,
                                  shard_start=unit.shard_start, shard_stop=unit.shard_stop,
                                  shard_sha256=unit.shard_sha256)

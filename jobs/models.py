@@ -147,6 +147,9 @@ class Round(models.Model):
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN, db_index=True)
     weights_sha256 = models.CharField(max_length=64)  # the global weights every unit starts from
     result_sha256 = models.CharField(max_length=64, blank=True)  # the aggregated weights
+    # The round's shards as one blob, one after another, each unit's at its shard_offset (jobs/shards.py: one file
+    # to write, not one per unit). Empty: each shard is a blob of its own (a sensitive dataset's, sealed one by one).
+    shards_sha256 = models.CharField(max_length=64, blank=True)
     # Adaptive, from the plan and the arrivals so far (jobs/deadlines.py): past `deadline_at` the stragglers'
     # units are re-issued to free devices; past `close_at` the round closes with the verified updates it has.
     deadline_at = models.DateTimeField()
@@ -189,7 +192,10 @@ class WorkUnit(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     shard_start = models.PositiveIntegerField()
     shard_stop = models.PositiveIntegerField()
-    shard_sha256 = models.CharField(max_length=64)
+    shard_sha256 = models.CharField(max_length=64)  # the shard's bytes as the device downloads them
+    # Where they are in the round's shards_sha256 (null: the shard is its own blob, named shard_sha256).
+    shard_offset = models.PositiveBigIntegerField(null=True, blank=True)
+    shard_size = models.PositiveBigIntegerField(null=True, blank=True)
     seed = models.BigIntegerField()
     # flops_per_sample × (samples × epochs, or DiLoCo's inner_steps × batch) + 2 × samples × forward FLOPs
     flops = models.BigIntegerField()

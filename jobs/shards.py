@@ -43,3 +43,12 @@ def shards_to_bytes(X: torch.Tensor, y: torch.Tensor, bounds: Sequence[tuple[int
         header += b" " * (-len(header) % 8)  # safetensors pads its header to 8 bytes with spaces
         out.append(b"".join([struct.pack("<Q", len(header)), header, *chunks]))
     return out
+
+
+def pack(blobs: Sequence[bytes]) -> tuple[bytes, list[int]]:
+    """The blobs one after another, and the offset each starts at: a round's shards as one file."""
+    offsets, at = [], 0
+    for blob in blobs:
+        offsets.append(at)
+        at += len(blob)
+    return b"".join(blobs), offsets

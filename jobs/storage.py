@@ -135,6 +135,29 @@ def blob_get_cached(sha256: str) -> bytes:
     return data
 
 
+def blob_range(sha256: str, offset: int, size: int) -> bytes:
+    """`size` bytes of a blob from `offset` (a unit's shard in its round's pack): a seek in a local file, one
+    ranged GET on S3 (django-storages' S3 file downloads the whole object before its first read)."""
+    path = blob_path(sha256)
+    bucket = getattr(default_storage, "bucket", None)
+    if bucket is not None and size > 0:
+        from storages.utils import clean_name
+
+        obj = bucket.Object(default_storage._normalize_name(clean_name(path)))
+        data = obj.get(Range=f"bytes={offset}-{offset + size - 1}")["Body"].read()
+    else:
+        with default_storage.open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+    if len(data) != size:
+        raise BlobDamaged(f"blob {sha256} holds {offset + len(data)} bytes, fewer than {offset + size}")
+    return data
+
+
+class BlobDamaged(Exception):
+    """A stored blob is not what its name says (shorter, or other bytes): the store is damaged."""
+
+
 def blob_size(sha256: str) -> int:
     return default_storage.size(blob_path(sha256))
 

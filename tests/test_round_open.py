@@ -1,10 +1,14 @@
-"""Opening a round for many devices: one unit and one shard blob per device, exactly the planned rows."""
+"""Opening a round for many devices: one unit per device, exactly the planned rows, and the round's shards in one
+blob (its pack), each unit's shard at its offset there."""
 import io
+import itertools
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from django.core.files.storage import default_storage
 
 from jobs import deadlines, shards, storage
 from jobs import services as jobs
@@ -22,7 +26,7 @@ def _running_job(customer, **hparams) -> Job:
     return job
 
 
-def test_round_open_gives_each_device_its_planned_shard_as_a_unit_with_its_own_blob(customer):
+def test_round_open_gives_each_device_its_planned_shard_as_a_unit_cut_from_one_pack(customer, settings):
     job = _running_job(customer, batch_size=1)
     devices = [(1000 + i, float(1 + i % 7)) for i in range(300)]  # (device id, samples/s), unequal speeds
 
@@ -35,11 +39,48 @@ def test_round_open_gives_each_device_its_planned_shard_as_a_unit_with_its_own_b
         (s.start, s.stop, devices[s.device][0]) for s in planned]
     X, y = jobs.load_xy(job.train_sha256)
     for unit in units:
-        shard_X, shard_y = jobs.load_xy(unit.shard_sha256)
+        shard = jobs.unit_shard_bytes(unit, key=None)
+        assert shard == shard_to_bytes(X[unit.shard_start:unit.shard_stop], y[unit.shard_start:unit.shard_stop])
+        assert storage.sha256_hex(shard) == unit.shard_sha256  # what the device checks its download against
+        shard_X, shard_y = jobs.unit_shard_xy(unit)
         assert torch.equal(shard_X, X[unit.shard_start:unit.shard_stop])
         assert torch.equal(shard_y, y[unit.shard_start:unit.shard_stop])
     assert len({u.shard_sha256 for u in units}) == 300 and len({u.seed for u in units}) == 300
     assert all(u.status == WorkUnit.Status.QUEUED and u.reserved_until is not None for u in units)
+    # One file for the round: the shards one after another, in the units' order.
+    pack = storage.blob_get(rnd.shards_sha256)
+    assert [(u.shard_offset, u.shard_size) for u in units] == list(zip(
+        [0, *itertools.accumulate(u.shard_size for u in units[:-1])], [u.shard_size for u in units]))
+    assert len(pack) == sum(u.shard_size for u in units)
+    blobs = [p for p in (Path(settings.MEDIA_ROOT) / "blobs").rglob("*") if p.is_file()]
+    assert rnd.shards_sha256 in {p.name for p in blobs}
+    assert not {u.shard_sha256 for u in units} & {p.name for p in blobs}
+
+
+def test_a_damaged_pack_is_refused_and_a_unit_without_an_offset_reads_its_own_blob(customer):
+    job = _running_job(customer, batch_size=1)
+    rnd = jobs.round_open(job_id=job.pk, devices=[(1, 10.0), (2, 30.0)])
+    first, second = rnd.units.order_by("index")
+
+    # A pack whose bytes are not the units' shards (a store that lost or changed them) is never served as one.
+    path = Path(default_storage.path(storage.blob_path(rnd.shards_sha256)))
+    path.chmod(0o644)
+    damaged = bytearray(path.read_bytes())
+    damaged[second.shard_offset + second.shard_size // 2] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    assert jobs.unit_shard_bytes(first, key=None)  # its bytes are intact
+    with pytest.raises(storage.BlobDamaged):
+        jobs.unit_shard_bytes(second, key=None)
+    path.write_bytes(bytes(damaged[:second.shard_offset + 1]))  # cut short
+    with pytest.raises(storage.BlobDamaged):
+        jobs.unit_shard_bytes(second, key=None)
+
+    # Rounds opened before packs (offset null) keep a blob per shard, named by its hash.
+    shard = shard_to_bytes(torch.randn(3, 64), torch.arange(3))
+    WorkUnit.objects.filter(pk=first.pk).update(shard_sha256=storage.blob_put(shard), shard_offset=None,
+                                                shard_size=None)
+    first.refresh_from_db()
+    assert jobs.unit_shard_bytes(first, key=None) == shard
 
 
 def test_round_open_for_thousands_of_devices_plans_every_unit_its_shard_reservation_and_deadline(customer, settings):
@@ -72,7 +113,7 @@ def test_round_open_for_thousands_of_devices_plans_every_unit_its_shard_reservat
     assert len({u.shard_sha256 for u in units}) == 3000 and len({u.seed for u in units}) == 3000
     X, y = jobs.load_xy(job.train_sha256)
     for unit in units[::97]:
-        shard_X, shard_y = jobs.load_xy(unit.shard_sha256)
+        shard_X, shard_y = jobs.unit_shard_xy(unit)
         assert torch.equal(shard_X, X[unit.shard_start:unit.shard_stop])
         assert torch.equal(shard_y, y[unit.shard_start:unit.shard_stop])
     slowest = max(u.expected_seconds for u in units)
@@ -94,6 +135,7 @@ def test_round_open_twice_returns_the_open_round_and_writes_nothing_more(custome
 
     assert again.pk == first.pk
     assert WorkUnit.objects.filter(round__job=job).count() == 2
+    assert again.shards_sha256 == first.shards_sha256
 
 
 def test_blobs_put_returns_hashes_in_order_and_stores_identical_blobs_once(settings, tmp_path):
@@ -119,3 +161,5 @@ def test_many_shards_cut_at_once_are_the_bytes_the_protocol_sends_one_at_a_time(
     cut = shards.shards_to_bytes(X, y, bounds)
 
     assert cut == [shard_to_bytes(X[start:stop], y[start:stop]) for start, stop in bounds]
+    packed, offsets = shards.pack(cut)
+    assert [packed[at:at + len(blob)] for at, blob in zip(offsets, cut)] == cut and len(packed) == sum(map(len, cut))

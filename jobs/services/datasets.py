@@ -65,6 +65,19 @@ def load_xy(sha256: str, *, key: bytes | None = None) -> tuple[torch.Tensor, tor
     return tensors.bytes_to_shard(storage.data_get(sha256, key=key))
 
 
+def unit_shard_bytes(unit, *, key: bytes | None) -> bytes:
+    """A unit's shard as the device downloads it: its share of the round's pack, checked against the unit's
+    shard_sha256 (storage.BlobDamaged when it differs), or its own blob (sealed under `key`, its dataset's, when
+    that is sensitive)."""
+    if unit.shard_offset is None:
+        return storage.data_get(unit.shard_sha256, key=key)
+    data = storage.blob_range(unit.round.shards_sha256, unit.shard_offset, unit.shard_size)
+    if storage.sha256_hex(data) != unit.shard_sha256:
+        raise storage.BlobDamaged(f"unit {unit.pk}'s shard in pack {unit.round.shards_sha256} is not its "
+                                  f"shard_sha256 {unit.shard_sha256}")
+    return data
+
+
 def unit_shard_xy(unit) -> tuple[torch.Tensor, torch.Tensor]:
     """A unit's shard as (X, y), opened with its dataset's key when that is sensitive (the site's own checks)."""
-    return load_xy(unit.shard_sha256, key=selectors.job_data_key(unit.round.job))
+    return tensors.bytes_to_shard(unit_shard_bytes(unit, key=selectors.job_data_key(unit.round.job)))

@@ -21,7 +21,7 @@ from muninn.failpoints import failpoint
 
 from .. import deadlines, selectors, storage
 from ..models import Job, Round, WorkUnit
-from ..shards import shards_to_bytes
+from ..shards import pack, shards_to_bytes
 
 from .datasets import load_xy
 from .jobs import _evaluate, _job_end, diverging_message, job_scheme, unit_flops
@@ -35,8 +35,8 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
     while for the device it was sized for; no device or one device → one unit with everything. The
     deadlines come from the plan (jobs/deadlines.py). Idempotent: an open round is returned as it is; an
     ended job or a finished schedule opens nothing. Built for markets of 10,000 devices: the shards are cut
-    from the training set's bytes and written straight (jobs/shards.py, storage.blobs_put), and the
-    units go in as plain rows (_units_insert)."""
+    from the training set's bytes at once (jobs/shards.py) and written as one blob, the round's pack (a file per
+    shard was most of the time: the kernel's file creation), and the units go in as plain rows (_units_insert)."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.status != Job.Status.RUNNING:
@@ -53,7 +53,13 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
                                           batch_size=job.hparams["batch_size"])
         now = timezone.now()
         reserved_until = now + timedelta(seconds=settings.MUNINN_RESERVATION_SECONDS)
-        shard_shas = storage.data_put_many(shards_to_bytes(X, y, [(s.start, s.stop) for s in shards]), key=key)
+        blobs = shards_to_bytes(X, y, [(s.start, s.stop) for s in shards])
+        if key is None:  # one file for the round, not one per unit: the kernel's file creation was most of it
+            shard_shas = [storage.sha256_hex(blob) for blob in blobs]
+            packed, offsets = pack(blobs)
+            pack_sha = storage.blob_put(packed)
+        else:  # a sensitive dataset's shards are sealed (and their downloads recorded) one by one
+            shard_shas, offsets, pack_sha = storage.data_put_many(blobs, key=key), [None] * len(blobs), ""
         flops_of: dict[int, int] = {}  # shards of one size cost the same: most of a large round's sizes repeat
         rows = []
         for i, shard in enumerate(shards):
@@ -62,12 +68,14 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
                 flops_of[samples] = unit_flops(job, samples)
             flops = flops_of[samples]
             planned = shard.device is not None
-            rows.append((i, shard.start, shard.stop, shard_shas[i], rounds_plan.unit_seed(job.seed, number, i), flops,
+            rows.append((i, shard.start, shard.stop, shard_shas[i], offsets[i], len(blobs[i]) if pack_sha else None,
+                         rounds_plan.unit_seed(job.seed, number, i), flops,
                          deadlines.expected_seconds(flops, devices[shard.device][1]) if planned else 0.0,
                          devices[shard.device][0] if planned else None, reserved_until if planned else None))
-        plan = deadlines.plan_of(row[6] for row in rows)
+        plan = deadlines.plan_of(row[_PLANNED_FIELDS.index("expected_seconds")] for row in rows)
         soft, hard = _deadlines(plan=plan, arrivals=deadlines.Arrivals())
-        rnd = Round.objects.create(job=job, number=number, weights_sha256=job.global_weights_sha256, opened_at=now,
+        rnd = Round.objects.create(job=job, number=number, weights_sha256=job.global_weights_sha256,
+                                   shards_sha256=pack_sha, opened_at=now,
                                    deadline_at=now + timedelta(seconds=soft), close_at=now + timedelta(seconds=hard),
                                    plan_seconds=plan.slowest, plan_complete=plan.complete)
         _units_insert(common={"round": rnd, "min_memory_bytes": job.peak_memory_bytes}, fields=_PLANNED_FIELDS,
@@ -79,8 +87,8 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
 
 
 # What differs between the units round_open plans, in the order of its rows.
-_PLANNED_FIELDS = ("index", "shard_start", "shard_stop", "shard_sha256", "seed", "flops", "expected_seconds",
-                   "preferred_device_id", "reserved_until")
+_PLANNED_FIELDS = ("index", "shard_start", "shard_stop", "shard_sha256", "shard_offset", "shard_size", "seed",
+                   "flops", "expected_seconds", "preferred_device_id", "reserved_until")
 
 
 def _units_insert(*, common: dict, fields: Sequence[str], rows: list[tuple]) -> None:

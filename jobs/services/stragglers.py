@@ -34,7 +34,8 @@ def units_reissue_stragglers(*, now: datetime | None = None) -> list[int]:
             next_index = (rnd.units.order_by("-index").values_list("index", flat=True).first() or 0) + 1
             backups = WorkUnit.objects.bulk_create([
                 WorkUnit(round=rnd, index=next_index + i, backup_of=unit, shard_start=unit.shard_start,
-                         shard_stop=unit.shard_stop, shard_sha256=unit.shard_sha256, seed=unit.seed, flops=unit.flops,
+                         shard_stop=unit.shard_stop, shard_sha256=unit.shard_sha256, shard_offset=unit.shard_offset,
+                         shard_size=unit.shard_size, seed=unit.seed, flops=unit.flops,
                          min_memory_bytes=unit.min_memory_bytes, expected_seconds=unit.expected_seconds)
                 for i, unit in enumerate(stragglers)
             ])
