@@ -135,11 +135,11 @@ def shard_download(*, device: Device, unit: WorkUnit, peer_check: PeerCheck | No
     """The unit's shard as the device downloads it (a file object for FileResponse). A sensitive dataset's shard
     is served only to a device trusted now, opened from its sealed blob, and the download is recorded before it is
     served (a shard the site cannot open is not served, nor recorded: sealing.SealError); any other shard is its
-    share of the round's pack (jobs.unit_shard_bytes)."""
+    range of the round's pack, streamed (jobs.unit_shard_open)."""
     job: Job = unit.round.job
     key = job_selectors.job_data_key(job)
     if key is None:
-        return io.BytesIO(jobs.unit_shard_bytes(unit, key=None))
+        return jobs.unit_shard_open(unit, key=None)  # streamed, its hash checked as it goes
     if not device_is_trusted(device):
         raise NotTrusted("This shard belongs to a dataset its owner marked sensitive, and this device does not meet "
                          f"the site's trust level for such data now ({policy_words(policy_current())}).")

@@ -4,6 +4,7 @@ The path is the sha256 of the bytes, so a blob is written once, can be cached an
 task that runs twice writes the same file.
 """
 import hashlib
+import io
 import os
 import threading
 from collections import OrderedDict
@@ -135,27 +136,80 @@ def blob_get_cached(sha256: str) -> bytes:
     return data
 
 
-def blob_range(sha256: str, offset: int, size: int) -> bytes:
-    """`size` bytes of a blob from `offset` (a unit's shard in its round's pack): a seek in a local file, one
-    ranged GET on S3 (django-storages' S3 file downloads the whole object before its first read)."""
+def blob_range_open(sha256: str, offset: int, size: int, *, expect: str) -> "CheckedRange":
+    """`size` bytes of a blob from `offset` (a unit's shard in its round's pack) as a file read once, in order,
+    whose bytes must hash to `expect`: a seek in a local file, one ranged GET on S3 (django-storages' S3 file
+    would download the whole object before its first read)."""
     path = blob_path(sha256)
     bucket = getattr(default_storage, "bucket", None)
     if bucket is not None and size > 0:
         from storages.utils import clean_name
 
         obj = bucket.Object(default_storage._normalize_name(clean_name(path)))
-        data = obj.get(Range=f"bytes={offset}-{offset + size - 1}")["Body"].read()
+        raw = obj.get(Range=f"bytes={offset}-{offset + size - 1}")["Body"]
     else:
-        with default_storage.open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(size)
-    if len(data) != size:
-        raise BlobDamaged(f"blob {sha256} holds {offset + len(data)} bytes, fewer than {offset + size}")
-    return data
+        raw = default_storage.open(path, "rb")
+        raw.seek(offset)
+    return CheckedRange(raw, size, expect=expect, name=f"{sha256}[{offset}:{offset + size}]")
 
 
 class BlobDamaged(Exception):
     """A stored blob is not what its name says (shorter, or other bytes): the store is damaged."""
+
+
+class CheckedRange(io.RawIOBase):
+    """A range of a stored file, read as it is sent (a download streams it, a 1-device round's shard is the whole
+    training split), hashed as it goes: the read that would complete bytes which are not `expect` raises
+    BlobDamaged instead (a streamed response is then cut short, which the device's client refuses), as does one
+    that finds the file shorter than the range. Seeking only answers FileResponse's question of its size."""
+
+    def __init__(self, raw, size: int, *, expect: str, name: str):
+        super().__init__()
+        self._raw, self._size, self._expect, self._label = raw, size, expect, name
+        self._hash, self._done, self._pos = hashlib.sha256(), 0, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        target = {io.SEEK_SET: pos, io.SEEK_CUR: self._pos + pos, io.SEEK_END: self._size + pos}[whence]
+        if self._done and target != self._done:
+            raise io.UnsupportedOperation("a checked range is read once, in order")
+        self._pos = target
+        return target
+
+    def readinto(self, buffer) -> int:
+        if self._pos != self._done:
+            raise io.UnsupportedOperation("a checked range is read from where its last read ended")
+        want = min(len(buffer), self._size - self._done)
+        if want <= 0:
+            return 0
+        chunk = self._raw.read(want)
+        if not chunk:
+            raise BlobDamaged(f"{self._label}: the file ends {self._size - self._done} bytes short of the range")
+        self._hash.update(chunk)
+        self._done = self._pos = self._done + len(chunk)
+        if self._done == self._size and self._hash.hexdigest() != self._expect:
+            raise BlobDamaged(f"{self._label}: its bytes are not {self._expect}")
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+    def readall(self) -> bytes:  # the rest in one read of the file, not RawIOBase's 8 KiB at a time
+        parts = []
+        while chunk := self.read(max(self._size - self._done, 1)):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
 
 
 def blob_size(sha256: str) -> int:

@@ -57,6 +57,21 @@ def test_round_open_gives_each_device_its_planned_shard_as_a_unit_cut_from_one_p
     assert not {u.shard_sha256 for u in units} & {p.name for p in blobs}
 
 
+def test_a_shard_download_streams_its_range_of_the_pack_with_its_size(customer, make_device):
+    job = _running_job(customer, batch_size=1)
+    device = make_device("streams")
+    jobs.round_open(job_id=job.pk, devices=[(device.device.pk, 10.0), (device.device.pk + 1, 30.0)])
+    unit = device.claim()
+    assert unit is not None
+
+    response = device.client.get(f"/api/worker/units/{unit['id']}/shard")
+
+    assert response.status_code == 200 and response.streaming
+    body = b"".join(response.streaming_content)
+    assert int(response["Content-Length"]) == len(body)
+    assert storage.sha256_hex(body) == unit["shard_sha256"]
+
+
 def test_a_damaged_pack_is_refused_and_a_unit_without_an_offset_reads_its_own_blob(customer):
     job = _running_job(customer, batch_size=1)
     rnd = jobs.round_open(job_id=job.pk, devices=[(1, 10.0), (2, 30.0)])
@@ -71,6 +86,12 @@ def test_a_damaged_pack_is_refused_and_a_unit_without_an_offset_reads_its_own_bl
     assert jobs.unit_shard_bytes(first, key=None)  # its bytes are intact
     with pytest.raises(storage.BlobDamaged):
         jobs.unit_shard_bytes(second, key=None)
+    # Read as a download streams it, in small pieces: every piece but the one that would complete it comes out.
+    streamed, pieces = jobs.unit_shard_open(second, key=None), []
+    with pytest.raises(storage.BlobDamaged), streamed:
+        while piece := streamed.read(64):
+            pieces.append(piece)
+    assert 0 < sum(map(len, pieces)) < second.shard_size
     path.write_bytes(bytes(damaged[:second.shard_offset + 1]))  # cut short
     with pytest.raises(storage.BlobDamaged):
         jobs.unit_shard_bytes(second, key=None)

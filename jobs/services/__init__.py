@@ -12,7 +12,7 @@ One file per concept, and everything importable from here (`from jobs import ser
 - waiting.py: no job waits forever for a capable device
 - predictions.py: files predicted by a job's model off the request thread
 """
-from .datasets import dataset_create, load_xy, unit_shard_bytes, unit_shard_xy
+from .datasets import dataset_create, load_xy, unit_shard_bytes, unit_shard_open, unit_shard_xy
 from .jobs import (
     JobPlan, template_backends, job_plan, job_create, job_start, job_cancel, job_fail, diverging_message,
     job_scheme, unit_flops, job_model,
@@ -33,6 +33,7 @@ __all__ = [
     "dataset_create",
     "load_xy",
     "unit_shard_bytes",
+    "unit_shard_open",
     "unit_shard_xy",
     "JobPlan",
     "template_backends",

@@ -1,7 +1,9 @@
 """Writes on datasets: an upload checked, profiled and stored; a job's training and test splits read back."""
 from __future__ import annotations
 
+import io
 import logging
+from typing import BinaryIO
 
 import torch
 from django.conf import settings
@@ -65,17 +67,22 @@ def load_xy(sha256: str, *, key: bytes | None = None) -> tuple[torch.Tensor, tor
     return tensors.bytes_to_shard(storage.data_get(sha256, key=key))
 
 
+def unit_shard_open(unit, *, key: bytes | None) -> BinaryIO:
+    """A unit's shard as the device downloads it, as a file to read once: its range of the round's pack, checked
+    against the unit's shard_sha256 as it is read (storage.CheckedRange), or its own blob (sealed under `key`, its
+    dataset's, when that is sensitive)."""
+    if unit.shard_offset is not None:
+        return storage.blob_range_open(unit.round.shards_sha256, unit.shard_offset, unit.shard_size,
+                                       expect=unit.shard_sha256)
+    if key is None:
+        return storage.blob_open(unit.shard_sha256)
+    return io.BytesIO(storage.data_get(unit.shard_sha256, key=key))
+
+
 def unit_shard_bytes(unit, *, key: bytes | None) -> bytes:
-    """A unit's shard as the device downloads it: its share of the round's pack, checked against the unit's
-    shard_sha256 (storage.BlobDamaged when it differs), or its own blob (sealed under `key`, its dataset's, when
-    that is sensitive)."""
-    if unit.shard_offset is None:
-        return storage.data_get(unit.shard_sha256, key=key)
-    data = storage.blob_range(unit.round.shards_sha256, unit.shard_offset, unit.shard_size)
-    if storage.sha256_hex(data) != unit.shard_sha256:
-        raise storage.BlobDamaged(f"unit {unit.pk}'s shard in pack {unit.round.shards_sha256} is not its "
-                                  f"shard_sha256 {unit.shard_sha256}")
-    return data
+    """unit_shard_open's bytes (storage.BlobDamaged when the pack's are not the unit's)."""
+    with unit_shard_open(unit, key=key) as f:
+        return f.read()
 
 
 def unit_shard_xy(unit) -> tuple[torch.Tensor, torch.Tensor]:
