@@ -23,6 +23,12 @@ def contributor_shares(job) -> list[int]:
                 .order_by("id").values_list("amount", flat=True))
 
 
+def units_trained(job) -> int:
+    """Units the job's rounds aggregated: round 1 gives both devices a shard; later shards are sized by the speeds
+    measured on real units, so a device the clock found far slower (a loaded machine) may get none."""
+    return sum(r.metrics["units"] for r in job.round_set.all())
+
+
 def _from_hold(charge: Transaction) -> int:
     """What a charge took from the customer's hold. A unit's share of a price of a few nanos can round to 0 (shards
     are sized by the devices' measured speed, so which unit gets the rounding depends on the clock): a 0 line is
@@ -48,7 +54,7 @@ def test_a_tiny_job_pays_the_minimum_charge_and_its_contributor_only_for_the_wor
     assert work == quote.work_price  # the units shared the work's price, not the minimum
     least = money.to_nanos(settings.MUNINN_MIN_EARNING_PER_UNIT)
     shares = contributor_shares(done)
-    assert len(shares) == charges.count() == 4
+    assert len(shares) == charges.count() == units_trained(done)
     for charge, share in zip(charges.order_by("id"), shares):  # what the work earns, as if there were no minimum
         amount = _from_hold(charge)
         assert share == max(money.split_charge(amount, settings.MUNINN_CONTRIBUTOR_SHARE)[0], least)
@@ -75,6 +81,8 @@ def test_a_unit_whose_share_is_below_the_least_a_unit_earns_is_topped_up_by_the_
 
     invariants.assert_ledger_invariants(done)  # the customer still pays exactly the quote, never more
     assert ledger.job_money(job=done)["charged"] == money.to_nanos("0.01")
-    assert contributor_shares(done) == [money.to_nanos("0.005")] * 4
+    units = units_trained(done)  # 2 in round 1; round 2 may give a device the clock found far slower none
+    assert units in (3, 4)
+    assert contributor_shares(done) == [money.to_nanos("0.005")] * units
     fees = Entry.objects.filter(transaction__job=done, account__kind=Account.Kind.PLATFORM_FEE)
-    assert sum(fees.values_list("amount", flat=True)) == money.to_nanos("0.01") - 4 * money.to_nanos("0.005")
+    assert sum(fees.values_list("amount", flat=True)) == money.to_nanos("0.01") - units * money.to_nanos("0.005")
