@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 
 from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
+from machine import yardstick_s  # noqa: E402
 from load_world import World, build_world, environment, recreate_database  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
@@ -73,6 +74,7 @@ def main() -> int:
     except ImportError as error:
         print(f"aiohttp is not installed ({error}). Install it with `make bench-deps`.", file=sys.stderr)
         return 2
+    yardstick = yardstick_s()  # the machine's speed now, before anything of the bench runs (bench/machine.py)
     tmp = Path(tempfile.mkdtemp(prefix="muninn-load-"))
     env = environment(options, tmp)
     os.environ.update(env)
@@ -111,7 +113,7 @@ def main() -> int:
     db_doubles = _database_double_leases()
     credit = _credit_owed()
     plans = {} if options.skip_planning else plan_timings(options)
-    _report(options, world, phases, db_doubles, plans, web_log, credit)
+    _report(options, world, phases, db_doubles, plans, web_log, credit, yardstick)
     shutil.rmtree(tmp, ignore_errors=True)  # blobs, broker messages, logs (the web log's tracebacks were shown)
     return 0
 
@@ -444,12 +446,13 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str,
-            credit: dict) -> None:
+            credit: dict, yardstick: float) -> None:
     load = os.getloadavg()
     print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
           f"{world.units:,} queued units, set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
           f"{options.threads} threads; {options.heartbeats} heartbeat(s) per unit; "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; the machine's yardstick "
+          f"{yardstick:.3f} s (bench/machine.py)")
     figures: dict = {}
     for phase, stats in phases.items():
         title = "as fast as they can" if phase == "saturated" else f"paced to {options.rate:g} ops/s"
@@ -521,6 +524,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         **{f"plan_shards_ms_{size}": round(t["plan_shards_ms"], 3) for size, t in plans.items()},
         "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
         "workers": options.workers, "threads": options.threads, "load_average": round(load[0], 2),
+        "yardstick_s": yardstick,
     }))
 
 

@@ -108,6 +108,7 @@ def main() -> int:
     root = Path(__file__).resolve().parent.parent
     sys.path[:0] = [str(root), str(root / "platform"), str(root / "worker_client")]
     from load_world import environment, recreate_database
+    from machine import yardstick_s
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan-repeats", type=int, default=3, help="timed round_open runs per size (default 3)")
@@ -116,6 +117,8 @@ def main() -> int:
     options = parser.parse_args()
     if options.plan_repeats <= 0:
         parser.error("--plan-repeats must be positive")
+    yardstick = yardstick_s()  # the machine's speed now (bench/machine.py)
+    print(f"the machine's yardstick: {yardstick:.3f} s (bench/machine.py)")
     options.devices, options.broker = max(PLAN_SIZES), "muninnfs://"
     tmp = Path(tempfile.mkdtemp(prefix="muninn-plan-"))
     os.environ.update(environment(options, tmp))
@@ -139,6 +142,7 @@ def main() -> int:
         **{f"plan_ms_{size}": round(t["round_open_ms"], 1) for size, t in plans.items()},
         **{f"plan_max_ms_{size}": round(t["round_open_max_ms"], 1) for size, t in plans.items()},
         **{f"plan_cpu_ms_{size}": round(t["round_open_cpu_ms"], 1) for size, t in plans.items()},
+        "yardstick_s": yardstick,
     }))
     shutil.rmtree(tmp, ignore_errors=True)
     return 0

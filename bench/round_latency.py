@@ -51,6 +51,10 @@ def main() -> int:
     if options.one is not None:
         print(json.dumps(run_fleet(options, options.one)))
         return 0
+    from machine import yardstick_s  # (bench/ is this script's folder)
+
+    yardstick = yardstick_s()  # the machine's speed now, before any stack starts (bench/machine.py)
+    print(f"the machine's yardstick: {yardstick:.3f} s (bench/machine.py)", flush=True)
     fleets = []
     for devices in options.devices:
         print(f"{devices} device(s): {options.rounds} rounds of {options.train_seconds:g} s training…", flush=True)
@@ -69,7 +73,7 @@ def main() -> int:
         "platform_s_per_round_median": round(worst_median, 3), "goal_platform_s_per_round": GOAL_PLATFORM_S,
         "overhead_ratio": round(worst_ratio, 3), "goal_overhead_ratio": GOAL_OVERHEAD,
         "train_seconds": options.train_seconds, "rounds": options.rounds, "claim_wait": options.claim_wait,
-        "validators": options.validators,
+        "validators": options.validators, "yardstick_s": yardstick,
         "database": "postgresql" if options.database_url else "sqlite", "broker": options.broker,
         "fleets": {str(f["devices"]): {k: v for k, v in f.items() if k not in ("devices", "rounds")}
                    for f in fleets},
