@@ -24,4 +24,17 @@ def test_every_celery_process_warms_torch_up_when_it_starts():
 
     from muninn import celery
 
-    assert any(receiver() is celery._warm_up_torch for _, receiver in worker_process_init.receivers)
+    assert any(receiver() is celery._on_process_start for _, receiver in worker_process_init.receivers)
+
+
+def test_a_web_process_freezes_its_start_up_heap():
+    """muninn/wsgi.py, what gunicorn loads: start-up's objects (Django, torch) leave the collector's full passes
+    (muninn_worker.heap). In a subprocess: it freezes the process that imports it."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}:{ROOT}:{ROOT / 'worker_client'}", "DEBUG": "1",
+           "DJANGO_SETTINGS_MODULE": "muninn.settings"}
+    out = subprocess.run([sys.executable, "-c", "import gc, muninn.wsgi; print(gc.get_freeze_count())"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) > 100_000  # Django and torch's objects: ~250,000

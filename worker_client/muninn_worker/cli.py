@@ -160,7 +160,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run(client, cache_dir=cache_dir, max_units=args.max_units, exit_when_idle=args.exit_when_idle,
             poll_interval=args.poll_interval, threads=args.max_threads, claim_wait=args.claim_wait,
             numerics=args.numerics or os.environ.get("MUNINN_WORKER_NUMERICS") or "native", gate=gate,
-            backends=backends)
+            backends=backends, freeze_heap=True)
     except DeviceRejected as exc:
         raise _Exit(str(exc), 1) from None
     return 0

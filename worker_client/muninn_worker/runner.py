@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from muninn_worker import codec
+from muninn_worker import codec, heap
 from muninn_worker.api import ApiClient, ApiError, NetworkError
 from muninn_worker.cache import ContentCache
 from muninn_worker.challenge import (CheckpointStore, answer_open_challenges, run_peer_check,
@@ -77,6 +77,7 @@ def run(
     claim_wait: float = CLAIM_WAIT,
     gate: Gate | None = None,
     backends: Sequence[str] | None = None,
+    freeze_heap: bool = False,
 ) -> RunStats:
     """Work until `max_units` units were handled or no work came for `exit_when_idle` seconds (None: forever).
 
@@ -91,10 +92,14 @@ def run(
     `threads` caps torch's CPU threads (it never raises them above torch's own choice). `gate` holds every claim
     while the owner's rules say pause (muninn_worker.pause; a unit in hand is always finished first), and paused
     time counts as time without work for `exit_when_idle`. `backends` ("cuda" for --gpu-only) asks the site for
-    units of those backends only."""
+    units of those backends only. `freeze_heap` (the CLI's process, not a caller's) exempts the objects alive
+    after torch's warm-up from the garbage collector's full passes (muninn_worker.heap)."""
     if threads is not None:
         torch.set_num_threads(max(1, min(threads, torch.get_num_threads())))
-    log.info("torch warmed up in %.2f s", warm_up())  # before the first claim: a round never waits on it
+    warmed = warm_up()  # before the first claim: a round never waits on it
+    if freeze_heap:  # the process is the worker's own (the CLI): its start-up objects out of the collector's full
+        heap.freeze()  # passes, which stopped a client ~0.3 s mid-job (muninn_worker.heap)
+    log.info("torch warmed up in %.2f s", warmed)
     cache = ContentCache(cache_dir)
     answer_open_challenges(client, cache.root)
     stats = RunStats()
