@@ -140,15 +140,14 @@ def blob_range_open(sha256: str, offset: int, size: int, *, expect: str) -> "Che
     """`size` bytes of a blob from `offset` (a unit's shard in its round's pack) as a file read once, in order,
     whose bytes must hash to `expect`: a seek in a local file, one ranged GET on S3 (django-storages' S3 file
     would download the whole object before its first read)."""
-    path = blob_path(sha256)
     bucket = getattr(default_storage, "bucket", None)
     if bucket is not None and size > 0:
         from storages.utils import clean_name
 
-        obj = bucket.Object(default_storage._normalize_name(clean_name(path)))
+        obj = bucket.Object(default_storage._normalize_name(clean_name(blob_path(sha256))))
         raw = obj.get(Range=f"bytes={offset}-{offset + size - 1}")["Body"]
     else:
-        raw = default_storage.open(path, "rb")
+        raw = blob_open(sha256)
         raw.seek(offset)
     return CheckedRange(raw, size, expect=expect, name=f"{sha256}[{offset}:{offset + size}]")
 

@@ -104,7 +104,7 @@ def test_a_whole_job_keeps_every_blob_in_the_bucket_and_none_on_local_disk(bucke
         assert units and all(u.status == u.Status.ACCEPTED for u in units)
         assert {rnd.weights_sha256, rnd.result_sha256, rnd.shards_sha256} <= stored
         assert {u.result_sha256 for u in units} <= stored
-        # Each shard was read from the round's pack with one ranged GET (storage.blob_range) and is its bytes.
+        # Each shard was read from the round's pack with one ranged GET (storage.blob_range_open) and is its bytes.
         assert all(u.shard_offset is not None and storage.sha256_hex(jobs.unit_shard_bytes(u, key=None)) ==
                    u.shard_sha256 for u in units)
     # Nothing under MEDIA_ROOT: not a blob, not a folder.
