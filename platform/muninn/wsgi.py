@@ -18,9 +18,10 @@ from muninn import celery_app  # noqa: E402
 celery_app.finalize(auto=True)
 
 # Held long-poll claims end at once when gunicorn tells this worker to stop (jobs/wakeups.py).
-from jobs.wakeups import stop_waiting_on_sigterm  # noqa: E402  (after Django is set up)
+from jobs import wakeups  # noqa: E402  (after Django is set up)
 
-stop_waiting_on_sigterm()
+wakeups.stop_waiting_on_sigterm()
+wakeups.warm_up()  # the wake-up carrier (its Redis client) made now, not inside the first waiting claim
 
 # Everything start-up made is exempt from the garbage collector's full passes, which walked it all every few
 # seconds under load (120-240 ms each, the whole process stopped; muninn_worker.heap).
