@@ -69,23 +69,10 @@ def checkpoint_submit(*, device: Device, unit_id: int, boundary: int, data: byte
                            f"{needed_boundaries(receipt)}.", code="not_challenged")
     if str(boundary) in receipt.checkpoint_blobs:
         return receipt
-    try:
-        checkpoint = segments.bytes_to_checkpoint(data)
-    except segments.BadCheckpoint as e:
-        raise InvalidInput(f"Not a checkpoint file: {e}. Send muninn_worker.segments.checkpoint_to_bytes(...).",
-                           code="bad_checkpoint") from None
-    unit = receipt.unit
-    reference = tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256))
-    try:  # committed garbage is a lie too (values may be non-finite: the re-training judges those)
-        checks.check_state(checkpoint.weights, reference)
-        mismatch = ""
-    except checks.ResultRejected as e:
-        mismatch = "" if e.code == "not_finite" else f"{e.code}: {e.message}"
-    mismatch = mismatch or _commitment_mismatch(receipt, boundary, checkpoint, reference)
+    reference = tensors.bytes_to_state_dict(storage.blob_get(receipt.unit.round.weights_sha256))
+    sha, mismatch = checkpoint_checked(receipt, boundary, data, reference=reference)
     if mismatch:
-        return fail(receipt_id=receipt.pk, code="checkpoint_mismatch",
-                    message=f"Checkpoint {boundary} is not the one the receipt committed to ({mismatch}).")
-    sha = storage.blob_put(segments.checkpoint_to_bytes(checkpoint))
+        return fail(receipt_id=receipt.pk, code="checkpoint_mismatch", message=mismatch)
     with transaction.atomic():
         locked = Receipt.objects.select_for_update().get(pk=receipt.pk)
         if locked.status != Receipt.Status.PENDING:
@@ -95,6 +82,27 @@ def checkpoint_submit(*, device: Device, unit_id: int, boundary: int, data: byte
         if not missing_boundaries(locked):  # every checkpoint is in: the validator checks the segments now
             reexecution_due.send(sender=Receipt, unit_id=unit_id)
     return locked
+
+
+def checkpoint_checked(receipt: Receipt, boundary: int, data: bytes, *, reference: dict) -> tuple[str, str]:
+    """Check checkpoint `boundary` against the receipt's commitment (`reference`: the round's global weights,
+    decoded). (its blob's sha256, stored, and ''), or ('', why it is not the committed one: a failed check). A
+    file that is not a checkpoint raises InvalidInput: the device may still upload the right one. `receipt` may be
+    unsaved (contributors.results checks a checkpoint that came with the result before storing either)."""
+    try:
+        checkpoint = segments.bytes_to_checkpoint(data)
+    except segments.BadCheckpoint as e:
+        raise InvalidInput(f"Not a checkpoint file: {e}. Send muninn_worker.segments.checkpoint_to_bytes(...).",
+                           code="bad_checkpoint") from None
+    try:  # committed garbage is a lie too (values may be non-finite: the re-training judges those)
+        checks.check_state(checkpoint.weights, reference)
+        mismatch = ""
+    except checks.ResultRejected as e:
+        mismatch = "" if e.code == "not_finite" else f"{e.code}: {e.message}"
+    mismatch = mismatch or _commitment_mismatch(receipt, boundary, checkpoint, reference)
+    if mismatch:
+        return "", f"Checkpoint {boundary} is not the one the receipt committed to ({mismatch})."
+    return storage.blob_put(segments.checkpoint_to_bytes(checkpoint)), ""
 
 
 def _commitment_mismatch(receipt: Receipt, boundary: int, checkpoint: segments.Checkpoint,

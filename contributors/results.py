@@ -136,10 +136,12 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     metrics = {"loss_before": receipt["loss_before"], "loss_after": receipt["loss_after"], "steps": receipt["steps"],
                "train_seconds": receipt["train_seconds"], "update_norm": evidence.get("update_norm"),
                "update_norm_per_step": evidence.get("update_norm_per_step")}
+    taken, mismatch = ({}, "") if checkpoint is None or not challenged else _offered_checkpoint(
+        unit, receipt, challenged, checkpoint, reference_bytes)
     try:
         stored = _accept(device=device, unit=unit, lease=lease, receipt=receipt, signature=signature,
                          evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics,
-                         verify=verify, challenged=challenged)
+                         verify=verify, challenged=challenged, checkpoint_blobs=taken)
     except Conflict:
         # The same upload, delivered twice at once (a client that timed out and sent it again while this one was
         # being checked): the other delivery won the unit's lock; this one gets the same answer.
@@ -147,22 +149,31 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         if repeat is not None:
             return repeat
         raise
-    return stored if checkpoint is None else _take_offered_checkpoint(device, stored, checkpoint)
-
-
-def _take_offered_checkpoint(device: Device, stored: Receipt, data: bytes) -> Receipt:
-    """The last checkpoint that came with the result, taken when the challenge asks for it. One that is not what
-    the receipt committed to fails the check, as its upload would; a file that is not a checkpoint is left out
-    (the challenge still asks for it, and the device may upload it before the deadline)."""
-    last = len(stored.checkpoints) - 1
-    if stored.status != Receipt.Status.PENDING or last not in challenges.needed_boundaries(stored):
-        return stored
-    try:
-        challenges.checkpoint_submit(device=device, unit_id=stored.unit_id, boundary=last, data=data, receipt=stored)
-    except InvalidInput as e:
-        log.info("unit %s: the checkpoint offered with its result is left out: %s", stored.unit_id, e.message)
-    stored.refresh_from_db(fields=["status", "reason", "verification", "checkpoint_blobs", "credit_pending"])
+    if mismatch:  # as its upload in answer would: the check has failed
+        return challenges.fail(receipt_id=stored.pk, code="checkpoint_mismatch", message=mismatch)
+    if taken:  # its check was queued at the commit, and may be done (an eager Celery's is): answer what is so now
+        stored.refresh_from_db(fields=["status", "reason", "verification", "credit_pending"])
     return stored
+
+
+def _offered_checkpoint(unit: WorkUnit, receipt: dict, challenged: list[int], data: bytes,
+                        reference_bytes: bytes) -> tuple[dict, str]:
+    """The last checkpoint that came with the result, checked before the result is stored, so that it goes into
+    the receipt's own transaction (not a second one, and a second commit, after it): ({boundary: blob sha256})
+    when the challenge asks for it, and '' or why it is not the committed one (the check then fails, as its upload
+    would). A file that is not a checkpoint is left out: the challenge still asks for it, and the device may
+    upload it before the deadline."""
+    pending = Receipt(unit=unit, checkpoints=receipt["checkpoints"], challenge_segments=challenged)
+    last = len(pending.checkpoints) - 1
+    if last not in challenges.needed_boundaries(pending):
+        return {}, ""
+    try:
+        sha, mismatch = challenges.checkpoint_checked(pending, last, data,
+                                                      reference=tensors.bytes_to_state_dict(reference_bytes))
+    except InvalidInput as e:
+        log.info("unit %s: the checkpoint offered with its result is left out: %s", unit.pk, e.message)
+        return {}, ""
+    return ({} if mismatch else {str(last): sha}), mismatch
 
 
 def _live_with(output_sha: str) -> list[tuple[int, int, int]]:
@@ -182,7 +193,8 @@ def _live_receipt(device: Device, unit_id: int, output_sha: str,
 
 
 def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, signature: str, evidence: dict,
-            output_sha: str, result_sha: str, metrics: dict, verify: bool, challenged: list[int]) -> Receipt:
+            output_sha: str, result_sha: str, metrics: dict, verify: bool, challenged: list[int],
+            checkpoint_blobs: dict) -> Receipt:
     """Store the receipt and accept the unit in one transaction. The receipt goes first: unit_accept takes the
     round's lock, which every result of the round waits on until this transaction commits, so nothing that need
     not be under it is. A concurrent delivery of the same result that committed its receipt first makes this
@@ -199,13 +211,15 @@ def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, sign
                 train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
                 finished_at=receipt["finished_at"], segment_steps=receipt["segment_steps"],
                 checkpoints=receipt["checkpoints"], challenge_segments=challenged,
+                checkpoint_blobs=checkpoint_blobs,
                 challenge_deadline=(timezone.now() + timezone.timedelta(seconds=settings.MUNINN_CHALLENGE_SECONDS)
                                     if challenged else None),
             ))
             unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token,
                                                     result_sha256=result_sha, samples=receipt["samples"],
                                                     metrics=metrics, verify=verify, unit=unit)
-            if verify and not challenged:  # a diverged result: the validator re-trains the unit whole, at once
+            if verify and (not challenged  # a diverged result: the validator re-trains the unit whole, at once
+                           or not challenges.missing_boundaries(stored)):  # every checkpoint came along
                 reexecution_due.send(sender=Receipt, unit_id=unit.pk)
             elif not verify:  # charged off the request, in a batch per job (contributors.credit)
                 credit_on_commit(unit.round.job_id)
