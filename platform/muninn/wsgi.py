@@ -23,6 +23,11 @@ from jobs import wakeups  # noqa: E402  (after Django is set up)
 wakeups.stop_waiting_on_sigterm()
 wakeups.warm_up()  # the wake-up carrier (its Redis client) made now, not inside the first waiting claim
 
+# A customer's first quote counts FLOPs, whose first count imports torch._dynamo (~1.1 s under the GIL): now.
+from muninn_worker import flops  # noqa: E402
+
+flops.warm_up()
+
 # Everything start-up made is exempt from the garbage collector's full passes, which walked it all every few
 # seconds under load (120-240 ms each, the whole process stopped; muninn_worker.heap).
 from muninn_worker import heap  # noqa: E402
