@@ -84,9 +84,10 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     Posting a live result again (a client retrying after a lost answer) returns the original receipt.
 
     `checkpoint`: the last boundary's checkpoint, offered with the result (the device committed to it already, so
-    offering it early tells it nothing). When the challenge asks for it, it is taken as if uploaded in answer
-    (contributors.challenges.checkpoint_submit): a unit of one segment, whose every check needs exactly it, is
-    then checked without the device's second request and its round trip."""
+    offering it early tells it nothing). When the challenge asks for it, it is checked as an upload in answer would
+    be (contributors.challenges.checkpoint_checked) and stored with the receipt, in its transaction: a unit of one
+    segment, whose every check needs exactly it, is then checked without the device's second request and its
+    round trip."""
     touch(device)
     output_sha = storage.sha256_hex(weights)
     live = _live_with(output_sha)
