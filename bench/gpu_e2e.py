@@ -47,9 +47,10 @@ receipts = []
 for r in Receipt.objects.filter(unit__round__job=job).select_related("device", "unit__round"):
     v = (r.verification or {}).get("segment_check") or {}
     segments = [s for s in v.get("segments", []) if "distance" in s]
+    suspect = (r.verification or {}).get("suspect") or []
     receipts.append({"device": r.device.name, "round": r.unit.round.number, "status": r.status,
                      "reason": r.reason, "validator": v.get("validator", ""),
-                     "segment_steps": r.segment_steps, "challenged": list(r.challenge_segments),
+                     "segment_steps": r.segment_steps, "challenged": list(r.challenge_segments), "suspect": suspect,
                      "tolerance": v.get("tolerance"), "distances": [s["distance"] for s in segments],
                      "steps": r.steps, "train_seconds": r.train_seconds})
 peer = [{"segment": c.segment, "status": c.status, "distance": c.distance}
@@ -180,8 +181,8 @@ def main() -> int:
             shutil.copy(var / "log" / f"{name}.log", var / f"{name}.log")
 
     receipts, devices = report["receipts"], report["devices"]
-    print(f"\n{'device':<14} {'round':>5} {'status':<9} {'k':>2} {'validator':<10} {'challenged':<12} {'worst distance':>14} "
-          f"{'tolerance':>9}  reason")
+    print(f"\n{'device':<14} {'round':>5} {'status':<9} {'k':>2} {'validator':<10} {'challenged':<12} "
+          f"{'worst distance':>14} {'tolerance':>9}  reason")
     worst, worst_tolerance, segments = 0.0, None, 0
     for r in receipts:
         top = max(r["distances"], default=None)
@@ -190,8 +191,9 @@ def main() -> int:
             worst, worst_tolerance = top, r["tolerance"]
         distance = "" if top is None else f"{top:.2e}"
         tolerance = "" if r["tolerance"] is None else f"{r['tolerance']:.1e}"
+        suspect = f"suspect: {', '.join(map(str, r['suspect']))}" if r["suspect"] else ""
         print(f"{r['device']:<14} {r['round']:>5} {r['status']:<9} {r['segment_steps']:>2} {r['validator']:<10} "
-              f"{r['challenged']!s:<12} {distance:>14} {tolerance:>9}  {r['reason'][:60]}")
+              f"{r['challenged']!s:<12} {distance:>14} {tolerance:>9}  {r['reason'][:60]}{suspect}")
     tolerance = next((r["tolerance"] for r in receipts if r["tolerance"]), None)
     for c in report["peer_checks"]:
         print(f"peer check segment {c['segment']}: {c['status']} distance {c['distance']}")
