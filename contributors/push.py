@@ -10,6 +10,7 @@ beyond that is answered 204 at once with a Retry-After (WaitersFull), and the de
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -20,7 +21,10 @@ from jobs import wakeups
 from . import services
 from .models import Device
 
+log = logging.getLogger(__name__)
+
 RETRY_AFTER_S = 2  # what a device turned away for lack of room is told to wait
+TURNED_AWAY_LOG_S = 10.0  # at most one warning per this many seconds per process, with the count since the last
 
 
 class WaitersFull(Exception):
@@ -35,6 +39,8 @@ class _Slots:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.held = 0
+        self.refused = 0  # turned away since the last warning
+        self._warned_at = -TURNED_AWAY_LOG_S
 
     def take(self, limit: int) -> bool:
         with self._lock:
@@ -46,6 +52,18 @@ class _Slots:
     def give(self) -> None:
         with self._lock:
             self.held -= 1
+
+    def turned_away(self, limit: int) -> None:
+        """Count a claim turned away; warn now and then: the operator's sign to add web processes (or threads and
+        MUNINN_CLAIM_WAITERS), and to know that the devices turned away start work a Retry-After late."""
+        with self._lock:
+            self.refused += 1
+            now = time.monotonic()
+            if now - self._warned_at < TURNED_AWAY_LOG_S:
+                return
+            count, self.refused, self._warned_at = self.refused, 0, now
+        log.warning("turned away %d claim(s) with Retry-After %d s: this process already holds %d waiting claims "
+                    "(MUNINN_CLAIM_WAITERS)", count, RETRY_AFTER_S, limit)
 
 
 waiting = _Slots()
@@ -60,6 +78,7 @@ def unit_claim_wait(*, device: Device, wait: float, backends=None) -> services.C
     if claim is not None or wait <= 0 or wakeups.stopping():
         return claim
     if not waiting.take(settings.MUNINN_CLAIM_WAITERS):
+        waiting.turned_away(settings.MUNINN_CLAIM_WAITERS)
         raise WaitersFull(f"This server holds {settings.MUNINN_CLAIM_WAITERS} waiting claims already.")
     try:
         return _wait(device, min(wait, settings.MUNINN_CLAIM_WAIT_MAX), token, backends)

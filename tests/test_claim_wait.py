@@ -3,6 +3,7 @@ and answered with it; 204 when the wait runs out; 204 with a Retry-After at once
 claims it may; 400 for a wait that is not a number of seconds."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -111,6 +112,27 @@ def test_a_claim_beyond_the_processs_held_claims_is_answered_at_once_with_retry_
 
     assert turned_away.status_code == 204 and int(turned_away.headers["Retry-After"]) >= 1
     assert plain.status_code == 204 and "Retry-After" not in plain.headers  # a claim without a wait is never held
+
+
+def test_claims_turned_away_are_counted_in_a_warning_now_and_then(make_device, settings, caplog, monkeypatch):
+    """The operator's sign that web processes are short of room for waiting claims (devices turned away start their
+    work a Retry-After late): one warning per process every TURNED_AWAY_LOG_S, with the count since the last."""
+    device = make_device()
+    settings.MUNINN_CLAIM_WAITERS = 1
+    monkeypatch.setattr(push.waiting, "_warned_at", -push.TURNED_AWAY_LOG_S)
+    assert push.waiting.take(1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="contributors.push"):
+            for _ in range(3):
+                assert device.client.post("/api/worker/claim", {"wait": WAIT}, format="json").status_code == 204
+            monkeypatch.setattr(push.waiting, "_warned_at", time.monotonic() - push.TURNED_AWAY_LOG_S)
+            device.client.post("/api/worker/claim", {"wait": WAIT}, format="json")
+    finally:
+        push.waiting.give()
+
+    warnings = [r.getMessage() for r in caplog.records if r.name == "contributors.push"]
+    assert len(warnings) == 2, warnings  # the first at once, the next after the interval: not one per claim
+    assert warnings[0].startswith("turned away 1 claim(s)") and warnings[1].startswith("turned away 3 claim(s)")
 
 
 def test_a_wait_longer_than_the_site_allows_is_cut_to_it_not_refused(make_device, settings):
