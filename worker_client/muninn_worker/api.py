@@ -104,7 +104,8 @@ class ApiClient:
 
         `wait` > 0 asks the site to hold the claim up to that many seconds until a unit is queued for this device
         (a long poll); a site that cannot hold it (too many claims held, or an older site) answers 204 at once.
-        After a 204, `retry_after` is the site's Retry-After in seconds, or None when it sent none. `backends`
+        After a 204, `retry_after` is the site's Retry-After in seconds, or None when it sent none; with one, the
+        connection is dropped, so that the next claim may reach another of the site's processes. `backends`
         (e.g. ["cuda"]) asks for work of those of the device's backends only."""
         self.retry_after = None
         timeout = _longer(self.timeout, wait)
@@ -114,6 +115,8 @@ class ApiClient:
         response = self._request("POST", "/api/worker/claim", json=body, expected=(200, 204), timeout=timeout)
         if response.status_code == 204:
             self.retry_after = retry_after_seconds(response)
+            if self.retry_after is not None:  # turned away by a full process: the next claim may find another
+                self.reconnect()
             return None
         body = self._json(response)
         if isinstance(body.get("check"), dict):  # a peer check: re-train another device's segment
@@ -269,6 +272,14 @@ class ApiClient:
                 raise ValueError("this call needs a device token; register the device first")
             authorization = f"Device {self.device_token}"
         return {"Authorization": authorization, "User-Agent": f"muninn-worker/{__version__}"}
+
+    def reconnect(self) -> None:
+        """Drop this thread's kept-alive connection: its next request opens a new one, which a site of several
+        processes may hand to another process than the one that answered (a kept-alive connection stays with it)."""
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            self._local.session = None
+            session.close()
 
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)

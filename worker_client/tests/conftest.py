@@ -79,6 +79,7 @@ class FakeSite:
     heartbeats: int = 0
     claim_statuses: list[int] = field(default_factory=list)  # forced statuses for the next claims
     claim_waits: list[float] = field(default_factory=list)  # the "wait" of every claim (0 when none was sent)
+    claim_ports: list[int] = field(default_factory=list)  # the client's port of every claim: its connection
     claim_backends: list[list | None] = field(default_factory=list)  # the "backends" of every claim (None: none)
     claim_error_code: str = "forced"  # the error code of a forced claim status
     holds_claims: bool = False  # True: an empty claim is held for its wait until a unit is added (a long poll)
@@ -161,6 +162,7 @@ def _handler(site: FakeSite) -> type[BaseHTTPRequestHandler]:
 
         def _claim(self, wait: float) -> None:
             site.claim_waits.append(wait)
+            site.claim_ports.append(self.client_address[1])
             if site.claim_statuses:
                 status = site.claim_statuses.pop(0)
                 return self._error(status, site.claim_error_code, f"Forced status {status}.")

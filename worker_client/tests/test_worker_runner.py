@@ -15,7 +15,7 @@ from conftest import MODEL_CONFIG
 
 from muninn_worker import segments
 from muninn_worker.api import ApiClient
-from muninn_worker.runner import DeviceRejected, format_money, run
+from muninn_worker.runner import QUICK_RETRIES, QUICK_RETRY_S, DeviceRejected, format_money, run
 from muninn_worker.signing import new_private_key, public_key_of
 from muninn_worker.codec import decode_update, roundtrip, unpack
 from muninn_worker.tensors import bytes_to_shard, bytes_to_state_dict, sha256_hex, state_dict_to_bytes
@@ -220,6 +220,8 @@ def test_an_idle_worker_waits_in_a_held_claim_and_gets_the_unit_the_moment_it_is
 
 
 def test_a_site_that_turns_a_claim_away_with_retry_after_is_asked_again_after_it(fake_site, tmp_path):
+    """A process holding all the claims it may turns the next away with a Retry-After; another process of the site
+    may have room: asked again twice at once on new connections, then after the Retry-After."""
     fake_site.retry_after = "3"
     client = ApiClient(fake_site.url, device_token=fake_site.device_token, attempts=1)
     now = [0.0]
@@ -232,7 +234,11 @@ def test_a_site_that_turns_a_claim_away_with_retry_after_is_asked_again_after_it
     run(client, cache_dir=tmp_path, exit_when_idle=10, poll_interval=1.0, sleep=sleep, clock=lambda: now[0])
 
     assert fake_site.claim_waits[0] == 10  # the wait asked for, cut to the time left before exiting when idle
-    assert sleeps[0] >= 3  # the Retry-After, above the first idle backoff of ~1 s
+    assert all(QUICK_RETRY_S[0] <= s <= QUICK_RETRY_S[1] for s in sleeps[:QUICK_RETRIES]), sleeps
+    assert sleeps[QUICK_RETRIES] >= 3  # then the Retry-After, above the first idle backoff of ~1 s
+    assert all(QUICK_RETRY_S[0] <= s <= QUICK_RETRY_S[1] for s in sleeps[QUICK_RETRIES + 1:2 * QUICK_RETRIES + 1])
+    ports = fake_site.claim_ports
+    assert len(set(ports)) == len(ports)  # each claim after a turn-away on a connection of its own
 
 
 def test_claim_wait_0_polls_as_before(fake_site, tmp_path):
