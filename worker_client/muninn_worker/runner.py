@@ -90,7 +90,8 @@ def run(
     An empty claim is held by the site up to `claim_wait` seconds (0: never) and answered the moment a unit is
     queued, so an idle worker learns of new work at once instead of at its next poll. A site that answers an
     empty claim early (an older site, or one holding all the claims it can: its Retry-After) gets the old
-    idle backoff: `poll_interval` doubling up to MAX_IDLE_DELAY, or the Retry-After when longer.
+    idle backoff: `poll_interval` doubling up to MAX_IDLE_DELAY, or the Retry-After when longer; a Retry-After
+    claim is first asked again QUICK_RETRIES times at once, on new connections (another process may have room).
 
     `numerics` "f64" trains in float64 rounded to float32 after every step: another device's arithmetic, for
     testing verification on CPU-only machines (muninn_worker.training).
