@@ -366,7 +366,8 @@ def predict(model: nn.Module, X: Tensor) -> Tensor:
     model.eval()
     regression = tasks.task_of(model) == "regression"
     try:
-        chunks = [model(X[i : i + _EVAL_CHUNK]) for i in range(0, X.shape[0], _EVAL_CHUNK)]
+        rows = _eval_rows(X)  # a language model's windows hold `context` tokens each: _EVAL_CHUNK tokens a pass
+        chunks = [model(X[i : i + rows]) for i in range(0, X.shape[0], rows)]
         chunks = [c if regression else c.argmax(dim=-1) for c in chunks]
     finally:
         model.train(was_training)

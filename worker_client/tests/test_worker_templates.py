@@ -177,6 +177,20 @@ def test_the_quote_counts_exactly_the_flops_a_unit_does(template):
     assert counter.get_total_flops() == flops.unit_flops(per_sample, len(y), hp["epochs"], forward)
 
 
+def test_a_language_models_predictions_are_made_a_few_thousand_tokens_at_a_time(monkeypatch):
+    """predict, like evaluate, runs _EVAL_CHUNK tokens a pass, not _EVAL_CHUNK windows of `context` tokens each (at
+    the default 8,192 windows of 128 tokens that was a million tokens' logits at once); same predictions."""
+    X, _ = zoo.get_template("transformer").example_batch(TINY["transformer"], 10, seed=3)  # 10 windows of 8 tokens
+    model = zoo.build_model("transformer", TINY["transformer"])
+    whole = training.predict(model, X)
+    passes: list[int] = []
+    model.register_forward_hook(lambda module, inputs, output: passes.append(inputs[0].shape[0]))
+    monkeypatch.setattr(training, "_EVAL_CHUNK", 16)  # 2 windows a pass
+
+    assert torch.equal(training.predict(model, X), whole)
+    assert passes == [2, 2, 2, 2, 2]
+
+
 TASK_CONFIGS = {**TINY, "mlp-regression": {"in_features": 6, "hidden": [8], "task": "regression"}}
 
 
