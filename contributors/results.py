@@ -104,7 +104,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
         _refused(device, unit_id, e)
         raise
     try:
-        evidence, state, state_bytes = _check(
+        evidence, state, state_bytes, reference = _check(
             device=device, unit=unit, lease=lease, weights=weights, output_sha=output_sha,
             reference_bytes=reference_bytes, receipt=receipt, receipt_bytes=receipt_bytes, signature=signature,
             live=live)
@@ -138,7 +138,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
                "train_seconds": receipt["train_seconds"], "update_norm": evidence.get("update_norm"),
                "update_norm_per_step": evidence.get("update_norm_per_step")}
     taken, mismatch = ({}, "") if checkpoint is None or not challenged else _offered_checkpoint(
-        unit, receipt, challenged, checkpoint, reference_bytes)
+        unit, receipt, challenged, checkpoint, reference)
     try:
         stored = _accept(device=device, unit=unit, lease=lease, receipt=receipt, signature=signature,
                          evidence=evidence, output_sha=output_sha, result_sha=state_sha, metrics=metrics,
@@ -158,7 +158,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
 
 
 def _offered_checkpoint(unit: WorkUnit, receipt: dict, challenged: list[int], data: bytes,
-                        reference_bytes: bytes) -> tuple[dict, str]:
+                        reference: dict) -> tuple[dict, str]:
     """The last checkpoint that came with the result, checked before the result is stored, so that it goes into
     the receipt's own transaction (not a second one, and a second commit, after it): ({boundary: blob sha256})
     when the challenge asks for it, and '' or why it is not the committed one (the check then fails, as its upload
@@ -169,8 +169,7 @@ def _offered_checkpoint(unit: WorkUnit, receipt: dict, challenged: list[int], da
     if last not in challenges.needed_boundaries(pending):
         return {}, ""
     try:
-        sha, mismatch = challenges.checkpoint_checked(pending, last, data,
-                                                      reference=tensors.bytes_to_state_dict(reference_bytes))
+        sha, mismatch = challenges.checkpoint_checked(pending, last, data, reference=reference)
     except InvalidInput as e:
         log.info("unit %s: the checkpoint offered with its result is left out: %s", unit.pk, e.message)
         return {}, ""
@@ -247,12 +246,13 @@ def aggregate_on_commit(round_id: int) -> None:
 
 def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, output_sha: str, reference_bytes: bytes,
            receipt: dict, receipt_bytes: bytes, signature: str,
-           live: list[tuple[int, int, int]] | None = None) -> tuple[dict, dict, bytes]:
+           live: list[tuple[int, int, int]] | None = None) -> tuple[dict, dict, bytes, dict]:
     """Every cheap check, cheapest first. A lie an honest client never tells raises ResultRejected; a check that
     honest training can fail (a rising loss on the shard, an unusual norm, a diverged result, a surprising
     speed) is evidence, listed in `evidence["suspect"]`, and sends the result to a segment check instead.
     Returns the evidence kept on the receipt, the decoded state and its safetensors bytes (what is stored for
-    aggregation; made once: they are the receipt's last commitment too)."""
+    aggregation; made once: they are the receipt's last commitment too), and the round's weights decoded (read
+    only: a checkpoint offered with the result is checked against them)."""
     checks.check_signature(device.public_key, receipt_bytes, signature)
     checks.check_receipt(receipt, expected=Expected(unit.pk, unit.round.weights_sha256, unit.shard_sha256,
                                                     unit.samples, jobs.unit_steps(unit)), output_sha256=output_sha)
@@ -284,10 +284,10 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
         if e.code != "not_finite":
             raise
         evidence["suspect"].append("not_finite")  # diverged training, or a lie: re-training the unit tells
-        return evidence, state, state_bytes
+        return evidence, state, state_bytes, reference
     if receipt["loss_after"] is None or receipt["loss_before"] is None:
         evidence["suspect"].append("not_finite")
-        return evidence, state, state_bytes
+        return evidence, state, state_bytes, reference
     norm = checks.update_norm(state, reference)
     # Per optimizer step: shards are sized by speed, so an honest fast device's update is as many times longer
     # as it took steps; compared whole, a ten-times-faster device looked like a scaling attack.
@@ -306,7 +306,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     _as_evidence(evidence, checks.check_shard_loss, before, after)
     evidence.update({"update_norm": norm, "update_norm_per_step": per_step, "norm_bound_per_step": bound,
                      "shard_loss_before": before, "shard_loss_after": after, "held_seconds": round(held, 3)})
-    return evidence, state, state_bytes
+    return evidence, state, state_bytes, reference
 
 
 # A job's bound, once the median of NORM_BOUND_STABLE_UNITS or more, is recomputed at most every NORM_BOUND_TTL_S per

@@ -76,7 +76,7 @@ def test_a_live_result_of_the_same_unit_is_not_a_replay(customer_api, digits_dat
     stored = Receipt.objects.get(unit_id=unit["id"])
 
     body = json.dumps(receipt).encode()
-    evidence, _, _ = results._check(device=device.device, unit=stored.unit, lease=stored.lease, weights=weights,
+    evidence, _, _, _ = results._check(device=device.device, unit=stored.unit, lease=stored.lease, weights=weights,
                                     output_sha=stored.output_sha256,
                                     reference_bytes=storage.blob_get(stored.unit.round.weights_sha256),
                                     receipt=receipt, receipt_bytes=body,
