@@ -17,23 +17,20 @@ re-trained, and the worst distance against its tolerance.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import shutil
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import requests
 import torch
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "worker_client")]
-from muninn_worker.samples import synthetic_images
+from muninn_worker.samples import image_folder_zip, synthetic_images
 
-from scripts.stack import Stack, base_env, free_port
+from scripts.stack import ENDED, Stack, base_env, free_port, ok, watch_job
 
 GPU_TIER = {"resnet18"}
 
@@ -86,20 +83,7 @@ print(json.dumps([services.token_for(user=services.user_create(
 
 
 def shapes_zip(per_class: int, size: int) -> bytes:
-    images, labels = synthetic_images(per_class=per_class, size=size, seed=11)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for i, (image, label) in enumerate(zip(images, labels)):
-            raw = io.BytesIO()
-            Image.fromarray(image).save(raw, format="PNG")
-            archive.writestr(f"shapes/{['h', 'v', 'box'][label]}/{i}.png", raw.getvalue())
-    return buffer.getvalue()
-
-
-def ok(response: requests.Response) -> dict:
-    if not response.ok:
-        raise SystemExit(f"{response.request.method} {response.url} -> {response.status_code}: {response.text}")
-    return response.json()
+    return image_folder_zip(*synthetic_images(per_class=per_class, size=size, seed=11), ["h", "v", "box"])
 
 
 def main() -> int:
@@ -157,21 +141,9 @@ def main() -> int:
         estimate = ok(api.post(f"{url}/api/estimates", json=choice))
         print(f"estimate: {estimate['hu']} HU, {estimate['price']['display']}", flush=True)
         job = ok(api.post(f"{url}/api/jobs", json={**choice, "start": True}))
-        seen = 0
-        while True:
-            job = ok(api.get(f"{url}/api/jobs/{job['id']}"))
-            for rnd in job["round_list"][seen:]:
-                if rnd["status"] != "closed":
-                    break
-                print(f"round {rnd['number']}: test accuracy {rnd['metrics'].get('test_accuracy', float('nan')):.4f}"
-                      f" ({rnd['metrics'].get('units')} unit(s)), {time.monotonic() - started:.0f}s", flush=True)
-                seen += 1
-            if job["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            if time.monotonic() - started > args.timeout:
-                print(f"timed out; job is {job['status']}: {job.get('waiting')}", file=sys.stderr)
-                break
-            time.sleep(0.5)
+        job = watch_job(api, url, job["id"], started=started, timeout=args.timeout, every=0.5)
+        if job["status"] not in ENDED:
+            print(f"timed out; job is {job['status']}: {job.get('waiting')}", file=sys.stderr)
         model_bytes = 0
         if job["status"] == "succeeded":
             model = api.get(f"{url}/api/jobs/{job['id']}/model")

@@ -23,7 +23,6 @@ import json
 import math
 import sys
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from muninn_worker import flops, tensors, training, zoo  # noqa: E402
-from muninn_worker.samples import generated_text, synthetic_images  # noqa: E402
+from muninn_worker.samples import generated_text, image_folder_zip, synthetic_images  # noqa: E402
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_wine  # noqa: E402
 
 from muninn_worker import datasets, preparation  # noqa: E402
@@ -71,16 +70,7 @@ def _csv(data, target_name: str) -> bytes:
 
 
 def _image_zip() -> bytes:
-    from PIL import Image
-
-    images, labels = synthetic_images(seed=1, per_class=60, size=16)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for i, (image, label) in enumerate(zip(images, labels)):
-            raw = io.BytesIO()
-            Image.fromarray(image).save(raw, format="PNG")
-            archive.writestr(f"shapes/{['bars', 'columns', 'boxes'][label]}/{i}.png", raw.getvalue())
-    return buffer.getvalue()
+    return image_folder_zip(*synthetic_images(seed=1, per_class=60, size=16), ["bars", "columns", "boxes"])
 
 
 def cases(quick: bool) -> list[Case]:

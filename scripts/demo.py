@@ -19,7 +19,7 @@ from safetensors.torch import load as load_safetensors
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from scripts.stack import ROOT, Stack, base_env, free_port  # noqa: E402
+from scripts.stack import ENDED, ROOT, Stack, base_env, free_port, ok, watch_job  # noqa: E402
 
 ROUNDS = 10
 DEVICES = 3
@@ -53,30 +53,19 @@ def main() -> int:
 
         api = requests.Session()
         api.headers["Authorization"] = f"Token {logins['customer']['token']}"
-        dataset = _ok(api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())},
+        dataset = ok(api.post(f"{url}/api/datasets", files={"file": ("digits.npz", digits_npz())},
                                data={"name": "digits"}))
         print(f"uploaded digits: {dataset['profile']['rows']} rows, {dataset['profile']['features']} features, "
               f"{dataset['profile']['num_classes']} classes", flush=True)
         choice = {"dataset": dataset["id"], "template": "mlp", "rounds": ROUNDS, "hparams": {}, "seed": 7}
-        estimate = _ok(api.post(f"{url}/api/estimates", json=choice))
+        estimate = ok(api.post(f"{url}/api/estimates", json=choice))
         print(f"estimate: {estimate['hu']} HU, {estimate['price']['display']}", flush=True)
-        job = _ok(api.post(f"{url}/api/jobs", json={**choice, "start": True}))
+        job = ok(api.post(f"{url}/api/jobs", json={**choice, "start": True}))
 
-        seen = 0
-        while True:
-            job = _ok(api.get(f"{url}/api/jobs/{job['id']}"))
-            for rnd in job["round_list"][seen:]:
-                if rnd["status"] != "closed":
-                    break
-                print(f"round {rnd['number']:2d}: test accuracy {rnd['metrics']['test_accuracy']:.4f} "
-                      f"({rnd['metrics']['units']} unit(s))", flush=True)
-                seen += 1
-            if job["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            if time.monotonic() - started > TIMEOUT_S:
-                print(f"timed out; job is {job['status']}. Logs in {var / 'log'}", file=sys.stderr)
-                return 1
-            time.sleep(0.3)
+        job = watch_job(api, url, job["id"], started=started, timeout=TIMEOUT_S)
+        if job["status"] not in ENDED:
+            print(f"timed out; job is {job['status']}. Logs in {var / 'log'}", file=sys.stderr)
+            return 1
         if job["status"] != "succeeded":
             print(f"job {job['status']}: {job['error']}", file=sys.stderr)
             return 1
@@ -85,8 +74,8 @@ def main() -> int:
         model.raise_for_status()
         weights = load_safetensors(model.content)
         (var / "model.safetensors").write_bytes(model.content)
-        charges = _ok(api.get(f"{url}/api/jobs/{job['id']}/charges"))
-        devices = _ok(api.get(f"{url}/api/jobs/{job['id']}/devices"))
+        charges = ok(api.get(f"{url}/api/jobs/{job['id']}/charges"))
+        devices = ok(api.get(f"{url}/api/jobs/{job['id']}/devices"))
         print(f"model downloaded: {len(weights)} tensors, {len(model.content):,} bytes -> {var / 'model.safetensors'}")
         print(f"charged {charges['charged']['display']} of the {charges['quoted']['display']} held; "
               f"released {charges['released']['display']}; done in {time.monotonic() - started:.1f}s")
@@ -96,12 +85,6 @@ def main() -> int:
         "devices": len(devices["devices"]),
     }))
     return 0
-
-
-def _ok(response: requests.Response) -> dict:
-    if not response.ok:
-        raise SystemExit(f"{response.request.method} {response.url} -> {response.status_code}: {response.text}")
-    return response.json()
 
 
 if __name__ == "__main__":

@@ -164,6 +164,35 @@ class Stack:
         self.stop()
 
 
+def ok(response: requests.Response) -> dict:
+    """The JSON of a 2xx answer; anything else ends the script, naming the request and the site's answer."""
+    if not response.ok:
+        raise SystemExit(f"{response.request.method} {response.url} -> {response.status_code}: {response.text}")
+    return response.json()
+
+
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+def watch_job(api: requests.Session, url: str, job_id: int, *, started: float, timeout: float,
+              every: float = 0.3) -> dict:
+    """Poll the job, printing each round as it closes (its test accuracy and units, seconds since `started`),
+    until it has ended or `timeout` seconds have passed since `started`. Returns the job as last read: the caller
+    tells a timeout by its status not being in ENDED."""
+    seen = 0
+    while True:
+        job = ok(api.get(f"{url}/api/jobs/{job_id}"))
+        for rnd in job["round_list"][seen:]:
+            if rnd["status"] != "closed":
+                break
+            print(f"round {rnd['number']:2d}: test accuracy {rnd['metrics'].get('test_accuracy', float('nan')):.4f} "
+                  f"({rnd['metrics'].get('units')} unit(s)), {time.monotonic() - started:.0f}s", flush=True)
+            seen += 1
+        if job["status"] in ENDED or time.monotonic() - started > timeout:
+            return job
+        time.sleep(every)
+
+
 def wait_http(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

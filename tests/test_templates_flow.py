@@ -3,14 +3,12 @@ training through the worker API), the template's metric recorded per round, the 
 from __future__ import annotations
 
 import io
-import zipfile
 
 import numpy as np
 import pytest
 from django.test import Client
 from muninn_worker import tensors
-from muninn_worker.samples import generated_text, synthetic_images
-from PIL import Image
+from muninn_worker.samples import generated_text, image_folder_zip, synthetic_images
 from sklearn.datasets import load_diabetes, load_digits
 
 from contributors import services as contributors
@@ -92,14 +90,7 @@ def test_digits_images_train_a_cnn_on_two_devices(customer_api, make_device):
 
 
 def shapes_zip() -> bytes:
-    images, labels = synthetic_images(per_class=12, size=12)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for i, (image, label) in enumerate(zip(images, labels)):
-            raw = io.BytesIO()
-            Image.fromarray(image).save(raw, format="PNG")
-            archive.writestr(f"shapes/{['h', 'v', 'box'][label]}/{i}.png", raw.getvalue())
-    return buffer.getvalue()
+    return image_folder_zip(*synthetic_images(per_class=12, size=12), ["h", "v", "box"])
 
 
 def test_a_zip_of_class_folders_trains_a_cnn_at_the_chosen_size(customer_api, make_device):

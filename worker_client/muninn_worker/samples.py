@@ -3,16 +3,20 @@
 `generated_text` writes a corpus from a small seeded grammar: its words are spelled the same way every
 time, so a character-level language model can learn far more than the uniform-vocabulary guess;
 `style="b"` gives a different vocabulary for the same letters (a "new text" to fine-tune on).
-`synthetic_images` draws class-dependent shapes (bars, crosses, boxes) with noise.
+`synthetic_images` draws class-dependent shapes (bars, crosses, boxes) with noise; `image_folder_zip` packs
+images as the zip of class folders a customer uploads.
 """
 
 from __future__ import annotations
 
+import io
 import random
+import zipfile
+from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["generated_text", "synthetic_images"]
+__all__ = ["generated_text", "image_folder_zip", "synthetic_images"]
 
 _WORDS = {
     "a": {"det": ["the", "a", "every", "one"], "adj": ["quick", "lazy", "red", "old", "small", "brave"],
@@ -55,3 +59,17 @@ def synthetic_images(*, seed: int = 0, per_class: int = 20, size: int = 12) -> t
             images.append(np.clip(img, 0, 255).astype(np.uint8))
             labels.append(label)
     return np.stack(images), np.array(labels, dtype=np.int64)
+
+
+def image_folder_zip(images: np.ndarray, labels: np.ndarray, class_names: Sequence[str], *,
+                     root: str = "shapes") -> bytes:
+    """A zip of class folders, as a customer uploads images: `<root>/<class name>/<i>.png` for each image."""
+    from PIL import Image  # (pillow is imported only where images are made or read)
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for i, (image, label) in enumerate(zip(images, labels)):
+            raw = io.BytesIO()
+            Image.fromarray(image).save(raw, format="PNG")
+            archive.writestr(f"{root}/{class_names[label]}/{i}.png", raw.getvalue())
+    return buffer.getvalue()
