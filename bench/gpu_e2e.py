@@ -49,6 +49,8 @@ for r in Receipt.objects.filter(unit__round__job=job).select_related("device", "
                      "reason": r.reason, "validator": v.get("validator", ""),
                      "segment_steps": r.segment_steps, "challenged": list(r.challenge_segments), "suspect": suspect,
                      "tolerance": v.get("tolerance"), "distances": [s["distance"] for s in segments],
+                     "second_opinions": [s["second_opinion"]["passed_by"] or "failed" for s in segments
+                                         if "second_opinion" in s],
                      "steps": r.steps, "train_seconds": r.train_seconds})
 peer = [{"segment": c.segment, "status": c.status, "distance": c.distance}
         for c in PeerCheck.objects.filter(receipt__unit__round__job=job)]
@@ -164,6 +166,8 @@ def main() -> int:
         distance = "" if top is None else f"{top:.2e}"
         tolerance = "" if r["tolerance"] is None else f"{r['tolerance']:.1e}"
         suspect = f"suspect: {', '.join(map(str, r['suspect']))}" if r["suspect"] else ""
+        if r["second_opinions"]:  # segments outside the tolerance, re-trained in other arithmetic before a verdict
+            suspect += f" second opinion: {', '.join(r['second_opinions'])}"
         print(f"{r['device']:<14} {r['round']:>5} {r['status']:<9} {r['segment_steps']:>2} {r['validator']:<10} "
               f"{r['challenged']!s:<12} {distance:>14} {tolerance:>9}  {r['reason'][:60]}{suspect}")
     tolerance = next((r["tolerance"] for r in receipts if r["tolerance"]), None)
@@ -187,6 +191,7 @@ def main() -> int:
         "receipts": {s: sum(r["status"] == s for r in receipts) for s in ("accepted", "rejected", "pending")},
         "refused_as_wrong": len(wrong), "segments_retrained": segments, "peer_checks": len(report["peer_checks"]),
         "worst_distance": worst, "its_tolerance": worst_tolerance,
+        "second_opinions": sum(len(r["second_opinions"]) for r in receipts),
         "device_failures": sum(d["failures"] for d in devices),
         "quarantined": sum(d["quarantined"] for d in devices), "model_bytes": model_bytes,
         "wall_s": round(time.monotonic() - started, 1)}))

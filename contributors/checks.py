@@ -263,6 +263,21 @@ def segment_distance(*, device_weights: Mapping[str, torch.Tensor], device_optim
     return max(weights, optimizer)
 
 
+# The most a segment's own sensitivity may widen its tolerance to: the calibration keeps every template's tolerance
+# below it, and every compute-saving cheat it measured lands ≥ 1.1e-1 away (README "Tolerances").
+SENSITIVE_CEILING = 1e-2
+SENSITIVE_MULTIPLE = 10  # as the tolerances' own multiple of the worst honest drift
+
+
+def sensitive_tolerance(tolerance: float, spread: float) -> float:
+    """The tolerance of a segment whose honest re-trainings under different arithmetic lie `spread` apart: as
+    many times their spread as the calibrated tolerance is times the worst drift it saw, between the tolerance
+    and SENSITIVE_CEILING."""
+    if not math.isfinite(spread):
+        return tolerance
+    return max(tolerance, min(SENSITIVE_CEILING, SENSITIVE_MULTIPLE * spread))
+
+
 def check_segment(distance: float, tolerance: float, *, segment: int) -> None:
     if not distance <= tolerance:
         raise ResultRejected("reexecution_mismatch", f"Re-training segment {segment} from the device's own "

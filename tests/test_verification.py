@@ -6,22 +6,25 @@ import time
 from datetime import timedelta
 
 import pytest
+import torch
 from django.utils import timezone
-from muninn_worker import segments, tensors
+from muninn_worker import segments, tensors, training, zoo
 
 from billing import selectors as ledger
 from billing.models import Transaction
-from contributors import challenges, checks, tolerances
+from contributors import challenges, checks, tolerances, verification
 from contributors import selectors as contributor_selectors
 from contributors import services as contributors
 from contributors.models import Device, DeviceEvent, Receipt
 from contributors.selectors import receipt_was_checked
 from jobs import services as jobs_services
+from jobs import storage
 from jobs.models import Job, WorkUnit
 
 from .test_spine import assert_ledger_consistent, create_job, run_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
+THREADS = torch.get_num_threads()
 
 
 def cheat(device, unit: dict, change) -> object:
@@ -88,10 +91,77 @@ def test_work_that_was_not_done_as_claimed_fails_the_segment_check_and_earns_not
     receipt = Receipt.objects.get(unit_id=unit["id"])
     assert receipt.status == Receipt.Status.REJECTED  # ...but not the segment check
     assert receipt.reason.startswith("reexecution_mismatch"), receipt.reason
+    opinion = receipt.verification["segment_check"]["segments"][0]["second_opinion"]
+    assert opinion["passed_by"] is None and min(opinion["distances"].values()) > checks.SENSITIVE_CEILING
     refused = WorkUnit.objects.get(pk=unit["id"])
     assert refused.status == WorkUnit.Status.QUEUED and refused.not_before > timezone.now()  # back, after a wait
     assert not Transaction.objects.filter(kind=Transaction.Kind.CHARGE).exists()
     assert Device.objects.get(pk=cheater.device.pk).failures == 1
+
+
+def test_a_segment_beyond_the_tolerance_that_other_honest_arithmetic_reproduces_passes(
+        customer_api, digits_dataset, make_device, monkeypatch):
+    # A tolerance tighter than the float64 device's honest drift from the 1-thread validator: as a segment in a
+    # chaotic step meets it (an honest 2-thread CPU device landed 5.4e-4 from the validator, tolerance 1.5e-5).
+    monkeypatch.setattr(verification.tolerances, "tolerance", lambda *args, **kwargs: 1e-12)
+    device = make_device("other-numerics", numerics="f64")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = device.claim()
+
+    assert device.submit(unit["id"], *device.train(unit)).status_code == 201
+
+    receipt = Receipt.objects.get(unit_id=unit["id"])
+    assert receipt.status == Receipt.Status.ACCEPTED, receipt.reason
+    [segment] = receipt.verification["segment_check"]["segments"]
+    assert segment["distance"] > 1e-12  # outside the tolerance against the validator's own arithmetic...
+    opinion = segment["second_opinion"]
+    assert opinion["passed_by"] == "reproduced" and opinion["distances"]["numerics:f64"] == 0.0  # ...not against f64
+    assert Device.objects.get(pk=device.device.pk).failures == 0
+    assert torch.get_num_threads() == THREADS  # the validator's thread count is its own again
+
+
+def test_a_segment_as_far_as_honest_arithmetic_spreads_passes_and_a_cheat_does_not(
+        customer_api, digits_dataset, make_device, monkeypatch):
+    """Where no other arithmetic reproduces the device, the segment may lie as far from the validator as
+    SENSITIVE_MULTIPLE times its honest re-trainings lie from each other, and no farther."""
+    monkeypatch.setattr(verification, "SECOND_OPINIONS", (("numerics", "f64"),))
+    device = make_device()
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = WorkUnit.objects.select_related("round__job__dataset").get(pk=device.claim()["id"])
+    job, spec = unit.round.job, jobs_services.unit_train_spec(unit)
+    X, y = jobs_services.unit_shard_xy(unit)
+    start = segments.Checkpoint(tensors.bytes_to_state_dict(storage.blob_get(unit.round.weights_sha256)),
+                                training.initial_optimizer_state(zoo.build_model(job.template, job.model_config),
+                                                                 spec["optimizer"], spec["momentum"]))
+    trained = {numerics: training.train_segment(jobs_services.job_model(job, start.weights), X, y, start,
+                                                first_step=0, steps=4, numerics=numerics, **spec)[0]
+               for numerics in ("native", "f64")}
+
+    def beyond(factor: float) -> segments.Checkpoint:  # the validator's end moved `factor` × the honest spread
+        native, other = trained["native"], trained["f64"]
+        return segments.Checkpoint(
+            {k: v + factor * (other.weights[k] - v) if v.is_floating_point() else v for k, v in native.weights.items()},
+            {k: v + factor * (other.optimizer[k] - v) if v.is_floating_point() and not k.startswith("step:") else v
+             for k, v in native.optimizer.items()})
+
+    def opinion(end: segments.Checkpoint, tolerance: float) -> dict:
+        return verification._second_opinion(job, X, y, start, end, trained["native"], first_step=0, steps=4,
+                                            spec=spec, tolerance=tolerance)
+
+    spread = verification._distance(trained["f64"], trained["native"], start)
+    assert 0 < spread < 1e-4
+    between = opinion(beyond(0.5), tolerance=spread / 10)  # halfway between two honest re-trainings
+    assert between["passed_by"] == "sensitive segment" and between["allowed"] == pytest.approx(10 * spread)
+    assert opinion(beyond(30.0), tolerance=spread / 10)["passed_by"] is None  # thirty spreads out
+    reproduced = opinion(trained["f64"], tolerance=spread / 10)
+    assert reproduced["passed_by"] == "reproduced" and reproduced["distances"]["numerics:f64"] == 0.0
+
+
+def test_a_segments_own_sensitivity_never_widens_its_tolerance_past_the_ceiling():
+    assert checks.sensitive_tolerance(1.5e-5, 0.0) == 1.5e-5
+    assert checks.sensitive_tolerance(1.5e-5, 5.4e-4) == pytest.approx(5.4e-3)
+    assert checks.sensitive_tolerance(1.5e-5, 0.3) == checks.SENSITIVE_CEILING
+    assert checks.sensitive_tolerance(8e-3, float("nan")) == checks.sensitive_tolerance(8e-3, float("inf")) == 8e-3
 
 
 def test_an_untrained_update_is_refused_outright(customer_api, digits_dataset, make_device):
