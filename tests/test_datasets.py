@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits, load_iris
 
-from muninn_worker.datasets import DatasetError, parse_dataset, sniff_format, split_holdout
+from muninn_worker.datasets import DatasetError, parse_dataset, sniff_format, split_holdout, training_order
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -478,3 +478,11 @@ def test_split_is_pinned_so_a_jobs_holdout_never_moves_across_numpy_versions():
 
     assert test.tolist() == [4, 8]
     assert train.tolist() == [0, 1, 2, 3, 5, 6, 7, 9]
+
+
+def test_training_order_is_a_pinned_permutation_of_its_own():
+    order = training_order(10, seed=42)
+
+    assert order.tolist() == [4, 3, 9, 2, 8, 1, 5, 0, 6, 7]  # never moves across numpy versions
+    assert sorted(training_order(1000, seed=7).tolist()) == list(range(1000))
+    assert not np.array_equal(training_order(1000, seed=7), training_order(1000, seed=8))

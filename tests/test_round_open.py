@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from django.core.files.storage import default_storage
+from sklearn.datasets import load_digits
 
 from jobs import deadlines, shards, storage
 from jobs import services as jobs
@@ -55,6 +56,25 @@ def test_round_open_gives_each_device_its_planned_shard_as_a_unit_cut_from_one_p
     blobs = [p for p in (Path(settings.MEDIA_ROOT) / "blobs").rglob("*") if p.is_file()]
     assert rnd.shards_sha256 in {p.name for p in blobs}
     assert not {u.shard_sha256 for u in units} & {p.name for p in blobs}
+
+
+def test_an_upload_sorted_by_label_still_gives_every_shard_a_sample_of_every_class(customer):
+    """An image folder's zip holds its classes one after another, and a round's shards are contiguous slices of the
+    training split: kept in the upload's order, each device trained on one or two classes."""
+    digits = load_digits()
+    order = np.argsort(digits.target, kind="stable")
+    buf = io.BytesIO()
+    np.savez(buf, X=digits.data[order].astype(np.float32), y=digits.target[order].astype(np.int64))
+    dataset = jobs.dataset_create(owner=customer, filename="sorted.npz", data=buf.getvalue())
+    job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams={}, rounds=1, seed=3)
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING)
+
+    rnd = jobs.round_open(job_id=job.pk, devices=[(1000 + i, 1.0) for i in range(5)])
+
+    for unit in rnd.units.all():
+        _, y = jobs.unit_shard_xy(unit)
+        counts = torch.bincount(y, minlength=10)
+        assert counts.min() >= 0.5 * len(y) / 10, counts.tolist()  # ~29 of each class in a shard of ~287
 
 
 def test_a_shard_download_streams_its_range_of_the_pack_with_its_size(customer, make_device):

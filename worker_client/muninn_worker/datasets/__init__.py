@@ -17,11 +17,11 @@ from .csv_tables import parse_csv
 from .images import parse_images
 from .npz import parse_npz
 from .sniff import sniff_format
-from .split import split_holdout
+from .split import split_holdout, training_order
 from .text import parse_text, window_count, windows
 from .weights import parse_weights
 
-__all__ = ["DatasetError", "ParsedDataset", "sniff_format", "parse_dataset", "split_holdout", "windows",
+__all__ = ["DatasetError", "ParsedDataset", "sniff_format", "parse_dataset", "split_holdout", "training_order", "windows",
            "window_count", "MIN_ROWS", "FORMATS"]
 
 FORMATS = ("csv", "npz", "images", "text", "weights")

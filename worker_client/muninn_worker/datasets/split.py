@@ -17,3 +17,11 @@ def split_holdout(n: int, *, test_fraction: float = 0.2, seed: int) -> tuple[np.
     n_test = min(n - 1, max(1, round(n * test_fraction)))
     order = np.argsort(np.random.PCG64(seed).random_raw(n), kind="stable")
     return np.sort(order[n_test:]).astype(np.int64), np.sort(order[:n_test]).astype(np.int64)
+
+
+def training_order(n: int, *, seed: int) -> np.ndarray:
+    """A permutation of 0..n-1 for the seed, from a stream of its own (PCG64's, jumped once, stable as above): the
+    order a job keeps its training rows in. A round's shards are contiguous slices of that split, and an upload
+    in its own order (an image folder's classes one after another, a CSV sorted by its label or by time) gave
+    each device one or two classes, so FedAvg swung between them instead of converging."""
+    return np.argsort(np.random.PCG64(seed).jumped().random_raw(n), kind="stable").astype(np.int64)

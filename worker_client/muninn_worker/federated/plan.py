@@ -15,8 +15,10 @@ __all__ = ["holdout", "initial_state", "round_shards", "unit_seed", "unit_train_
 
 
 def holdout(X: Tensor, y: Tensor, *, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(X_train, y_train, X_test, y_test): the job's held-out split, made once with the job's seed."""
+    """(X_train, y_train, X_test, y_test): the job's held-out split, made once with the job's seed, its training
+    rows shuffled with the seed (datasets.training_order): every shard of a round a sample of the whole."""
     train_idx, test_idx = datasets.split_holdout(len(y), seed=seed)
+    train_idx = train_idx[datasets.training_order(len(train_idx), seed=seed)]
     return X[train_idx], y[train_idx], X[test_idx], y[test_idx]
 
 
