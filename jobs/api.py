@@ -88,10 +88,7 @@ class RoundSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField(child=serializers.IntegerField(), help_text="Units per status"))
     def get_units(self, rnd: Round) -> dict:
-        counts: dict[str, int] = {}
-        for unit in rnd.units.all():
-            counts[unit.status] = counts.get(unit.status, 0) + 1
-        return counts
+        return self.context["unit_counts"].get(rnd.pk, {})  # selectors.round_unit_counts, one query for the job
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -137,7 +134,8 @@ class JobDetailSerializer(JobSerializer):
 
     @extend_schema_field(RoundSerializer(many=True))
     def get_round_list(self, job: Job) -> list:
-        return RoundSerializer(selectors.job_rounds(job=job).prefetch_related("units"), many=True).data
+        return RoundSerializer(selectors.job_rounds(job=job), many=True,
+                               context={"unit_counts": selectors.round_unit_counts(job=job)}).data
 
 
 class JobCreateSerializer(StrictSerializer):

@@ -2,10 +2,8 @@
 job is waiting for. Reads only; one place, so the page's first render and its live updates agree."""
 from __future__ import annotations
 
-from collections import Counter
-
 from .models import Job, Round, WorkUnit
-from .selectors import job_rounds
+from .selectors import job_rounds, round_unit_counts
 
 # The metrics the chart draws, by round (train_loss comes from the devices, test_* from the held-out split).
 CHART_METRICS = ("train_loss", "test_loss", "test_accuracy", "test_rmse", "test_perplexity")
@@ -32,11 +30,11 @@ def job_note(job: Job, rounds: list[dict]) -> str:
 
 def job_progress(job: Job) -> dict:
     rounds = []
-    for rnd in job_rounds(job=job).prefetch_related("units"):
-        units = Counter(u.status for u in rnd.units.all())
+    counts = round_unit_counts(job=job)
+    for rnd in job_rounds(job=job):
         rounds.append({"number": rnd.number, "status": rnd.status,
                        "metrics": {k: v for k, v in rnd.metrics.items() if isinstance(v, (int, float))},
-                       "units": dict(units), "devices": rnd.metrics.get("units")})
+                       "units": counts.get(rnd.pk, {}), "devices": rnd.metrics.get("units")})
     return {
         "id": job.pk, "status": job.status, "status_display": job.get_status_display(), "ended": job.is_ended,
         "rounds": job.rounds, "current_round": job.current_round,

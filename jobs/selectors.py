@@ -102,6 +102,19 @@ def job_rounds(*, job: Job) -> QuerySet[Round]:
     return job.round_set.order_by("number")
 
 
+def round_unit_counts(*, job: Job) -> dict[int, dict[str, int]]:
+    """{round id: {unit status: units}} for every round of the job, counted by the database in one grouped query.
+    The job page's progress poll and GET /api/jobs/<id> loaded every unit of every round to count them: a poll
+    of a 14-round job of 10 devices cost 13 ms of CPU, and one of 100 rounds on 1,000 devices would load 100,000
+    rows."""
+    counts: dict[int, dict[str, int]] = {}
+    rows = (WorkUnit.objects.filter(round__job=job).order_by().values_list("round_id", "status")
+            .annotate(n=Count("id")))
+    for round_id, status, n in rows:
+        counts.setdefault(round_id, {})[status] = n
+    return counts
+
+
 BACKEND_NAMES = {"cpu": "a CPU", "cuda": "a CUDA GPU", "mps": "an Apple GPU"}
 
 

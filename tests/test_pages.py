@@ -244,6 +244,45 @@ def test_customer_cancels_a_running_job_and_the_unused_hold_comes_back(customer,
     assert "has already ended (cancelled)" in again
 
 
+def test_unit_counts_per_round_come_from_one_query_however_many_units(customer, customer_client, digits):
+    """The job page's poll and GET /api/jobs/<id> count each round's units by status in the database: they loaded
+    every unit of every round, O(the job's units) on every poll."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.test import APIClient
+
+    from jobs.models import WorkUnit
+
+    job = job_services.job_create(owner=customer, dataset=digits, template="mlp", hparams={}, rounds=3, seed=1)
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING)
+    api = APIClient()
+    api.force_authenticate(customer)
+
+    def polled() -> tuple[list, list, int]:
+        with CaptureQueriesContext(connection) as queries:
+            page = customer_client.get(f"/jobs/{job.pk}/progress").json()["round_list"]
+            detail = api.get(f"/api/jobs/{job.pk}").json()["round_list"]
+        unit_reads = [q["sql"] for q in queries if WorkUnit._meta.db_table in q["sql"]
+                      and '"flagged" = ' not in q["sql"]]  # (updates in doubt, fetched: a few at most)
+        assert unit_reads and all("COUNT(" in sql for sql in unit_reads), unit_reads  # counted, never fetched
+        return [r["units"] for r in page], [r["units"] for r in detail], len(queries)
+
+    rnd = job_services.round_open(job_id=job.pk, devices=[(9000 + i, 1.0) for i in range(3)])
+    _, _, few = polled()
+    units = list(rnd.units.order_by("index"))
+    WorkUnit.objects.filter(pk=units[0].pk).update(status=WorkUnit.Status.LEASED)
+    WorkUnit.objects.filter(pk=units[1].pk).update(status=WorkUnit.Status.ACCEPTED)
+    rnd.status = rnd.Status.CLOSED
+    rnd.save(update_fields=["status"])
+    Job.objects.filter(pk=job.pk).update(current_round=1)
+    second = job_services.round_open(job_id=job.pk, devices=[(9000 + i, 1.0) for i in range(40)]).units.count()
+
+    page, detail, many = polled()
+
+    assert second > 3 and page == detail == [{"leased": 1, "accepted": 1, "queued": 1}, {"queued": second}]
+    assert many == few  # more units in two rounds cost the queries 3 units in one did
+
+
 def test_job_progress_reports_rounds_money_and_the_waiting_note(customer, customer_client, digits, contributor):
     device = register_device(contributor, "online")  # a device that can run the job is online
     customer_client.post("/jobs/new/", {"dataset": digits.pk, "template": "mlp", "rounds": 2,
