@@ -73,7 +73,7 @@ def main() -> int:
         "platform_s_per_round_median": round(worst_median, 3), "goal_platform_s_per_round": GOAL_PLATFORM_S,
         "overhead_ratio": round(worst_ratio, 3), "goal_overhead_ratio": GOAL_OVERHEAD,
         "train_seconds": options.train_seconds, "rounds": options.rounds, "claim_wait": options.claim_wait,
-        "validators": options.validators, "yardstick_s": yardstick,
+        "validators": options.validators, "after_a_job": options.after_a_job, "yardstick_s": yardstick,
         "database": "postgresql" if options.database_url else "sqlite", "broker": options.broker,
         "fleets": {str(f["devices"]): {k: v for k, v in f.items() if k not in ("devices", "rounds")}
                    for f in fleets},
@@ -124,6 +124,8 @@ def run_fleet(options: argparse.Namespace, devices: int) -> dict:
             for name in [*names, "celery-worker"]:
                 stack.wait_for_log(name, "torch warmed up", timeout=180)
             api = _customer(url, logins["customer"]["token"])
+            if options.after_a_job:  # a site that has served a job before: its processes' first-use costs paid
+                _wait_for_job(api, url, _start_job(api, url, options.after_a_job))
             job = _start_job(api, url, options.rounds)  # the web's first estimate imports torch._dynamo too
             before = _cpu_by_part(stack)
             job_id = _wait_for_job(api, url, job)
@@ -297,6 +299,10 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--validators", type=int, default=1,
                         help="Celery processes taking re-executions: the stack's worker, and this many minus one "
                              "on the validation queue alone (default 1)")
+    parser.add_argument("--after-a-job", type=int, default=0, metavar="ROUNDS",
+                        help="first run a job of this many rounds on the same stack and measure the next one: a "
+                             "site past its processes' first use (each web thread's database connection and its "
+                             "PostgreSQL backend's caches), as a site is once it has served (default 0: a fresh stack)")
     parser.add_argument("--keep", action="store_true",
                         help="keep each fleet's folder (logs, blobs) for inspection; the database is kept anyway")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process running one fleet
