@@ -43,7 +43,7 @@ job = Job.objects.get(pk=JOB_ID)
 receipts = []
 for r in Receipt.objects.filter(unit__round__job=job).select_related("device", "unit__round"):
     v = (r.verification or {}).get("segment_check") or {}
-    segments = [s for s in v.get("segments", []) if "distance" in s]
+    segments = [s for s in v.get("segments", []) if s.get("distance") is not None]
     suspect = (r.verification or {}).get("suspect") or []
     receipts.append({"device": r.device.name, "round": r.unit.round.number, "status": r.status,
                      "reason": r.reason, "validator": v.get("validator", ""),

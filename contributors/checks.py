@@ -123,6 +123,14 @@ SPEED_FACTOR = 50.0  # a device may be this many times faster than its own measu
 CLOCK_SLACK_S = 5.0
 
 
+def finite_or_none(value: float | None) -> float | None:
+    """A figure the site computed, as a receipt's evidence can keep it: PostgreSQL's jsonb has no NaN or infinity,
+    so writing one failed (finite weights of 1e30 give an infinite loss: a 500 for the upload; a checkpoint that
+    is not the model's gives an infinite distance: a check that crashed and was tried again for ever). None is
+    "not a number"; the verdict was made on the figure itself."""
+    return value if value is None or math.isfinite(value) else None
+
+
 def update_norm(result: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> float:
     """L2 norm of the change against the global weights, over every floating tensor."""
     total = sum(float((result[k].double() - v.double()).pow(2).sum()) for k, v in reference.items()

@@ -305,7 +305,8 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     before, after = _shard_losses(unit, reference, state)
     _as_evidence(evidence, checks.check_shard_loss, before, after)
     evidence.update({"update_norm": norm, "update_norm_per_step": per_step, "norm_bound_per_step": bound,
-                     "shard_loss_before": before, "shard_loss_after": after, "held_seconds": round(held, 3)})
+                     "shard_loss_before": checks.finite_or_none(before),
+                     "shard_loss_after": checks.finite_or_none(after), "held_seconds": round(held, 3)})
     return evidence, state, state_bytes, reference
 
 

@@ -133,7 +133,7 @@ def _check_segments(receipt: Receipt) -> Receipt | dict:
         if not all(math.isfinite(v) for v in losses):
             diverged = True
         distance = _distance(end, validator_end, start)
-        entry = {"segment": j, "steps": [bounds[j], bounds[j + 1]], "distance": distance}
+        entry = {"segment": j, "steps": [bounds[j], bounds[j + 1]], "distance": checks.finite_or_none(distance)}
         agrees = distance <= tolerance
         if not agrees and not diverged:
             entry["second_opinion"] = _second_opinion(job, X, y, start, end, validator_end, first_step=bounds[j],
@@ -199,9 +199,10 @@ def _second_opinion(job, X, y, start: segments.Checkpoint, end: segments.Checkpo
         if not all(math.isfinite(v) for v in losses):
             opinions[name] = "diverged"
             continue
-        opinions[name] = _distance(end, other, start)
+        opinions[name] = checks.finite_or_none(_distance(end, other, start))
         spread = max(spread, _distance(other, validator_end, start))
     allowed = checks.sensitive_tolerance(tolerance, spread)
+    spread = checks.finite_or_none(spread)
     matched = min((d for d in opinions.values() if isinstance(d, float)), default=math.inf)
     passed_by = ("reproduced" if matched <= tolerance
                  else "sensitive segment" if _distance(end, validator_end, start) <= allowed else None)

@@ -116,6 +116,8 @@ def test_a_segment_beyond_the_tolerance_that_other_honest_arithmetic_reproduces_
     assert segment["distance"] > 1e-12  # outside the tolerance against the validator's own arithmetic...
     opinion = segment["second_opinion"]
     assert opinion["passed_by"] == "reproduced" and opinion["distances"]["numerics:f64"] == 0.0  # ...not against f64
+    assert contributor_selectors.receipt_verification(receipt)["second_opinions"] == [  # the certificate says so
+        {"segment": segment["segment"], "passed_by": "reproduced"}]
     assert Device.objects.get(pk=device.device.pk).failures == 0
     assert torch.get_num_threads() == THREADS  # the validator's thread count is its own again
 
@@ -162,6 +164,50 @@ def test_a_segments_own_sensitivity_never_widens_its_tolerance_past_the_ceiling(
     assert checks.sensitive_tolerance(1.5e-5, 5.4e-4) == pytest.approx(5.4e-3)
     assert checks.sensitive_tolerance(1.5e-5, 0.3) == checks.SENSITIVE_CEILING
     assert checks.sensitive_tolerance(8e-3, float("nan")) == checks.sensitive_tolerance(8e-3, float("inf")) == 8e-3
+
+
+def test_finite_weights_whose_loss_is_not_a_number_are_checked_not_a_server_error(
+        customer_api, digits_dataset, make_device):
+    """Weights of 1e30 are finite, so they pass the upload's checks, but their loss overflows: the evidence keeps
+    it as null (PostgreSQL's jsonb has no NaN or infinity, and the receipt's write was a 500)."""
+    cheater = make_device("huge")
+    create_job(customer_api, digits_dataset["id"], rounds=1)
+    unit = cheater.claim()
+
+    response = cheat(cheater, unit, lambda s: [v.mul_(1e30) for v in s.values() if v.is_floating_point()])
+
+    assert response.status_code == 201, response.content
+    receipt = Receipt.objects.get(unit_id=unit["id"])
+    assert receipt.verification["shard_loss_after"] is None and "loss_not_improved" in receipt.verification["suspect"]
+    assert receipt.status == Receipt.Status.REJECTED and receipt.reason.startswith("reexecution_mismatch")
+
+
+def test_a_checkpoint_whose_optimizer_state_is_not_finite_fails_its_check_and_its_evidence_is_kept(
+        customer_api, digits_dataset, make_device, monkeypatch):
+    """Its distance is infinite: the check fails, and the evidence keeps the distance as null (the check's write
+    failed, so the result stayed pending and its check crashed again at every sweep)."""
+    monkeypatch.setattr(checks, "LOSS_SLACK_RELATIVE", -0.99)  # every result suspect: every segment is checked
+    monkeypatch.setattr(checks, "LOSS_SLACK_ABSOLUTE", -10.0)
+    cheater = make_device("nan-momentum")
+    create_job(customer_api, digits_dataset["id"], rounds=1, momentum=0.9)
+    unit = cheater.claim()
+    weights, receipt = cheater.train(unit)
+    store = cheater.stores[unit["id"]]
+    last = len(receipt["checkpoints"]) - 1
+    honest = segments.bytes_to_checkpoint(store.path(last).read_bytes())
+    lie = segments.Checkpoint(honest.weights, {k: v * float("nan") if not k.startswith("step:") else v
+                                               for k, v in honest.optimizer.items()})
+    store.path(last).write_bytes(segments.checkpoint_to_bytes(lie))
+    chain = [list(c) for c in receipt["checkpoints"]]
+    chain[-1] = [chain[-1][0], segments.commitment(lie.weights, lie.optimizer)[1]]  # its optimizer half, re-made
+
+    response = cheater.submit(unit["id"], weights, {**receipt, "checkpoints": chain})
+
+    assert response.status_code == 201, response.content
+    receipt = Receipt.objects.get(unit_id=unit["id"])
+    assert receipt.status == Receipt.Status.REJECTED and receipt.reason.startswith("reexecution_mismatch")
+    [checked] = [s for s in receipt.verification["segment_check"]["segments"] if s["segment"] == last - 1]
+    assert checked["distance"] is None and checked["second_opinion"]["passed_by"] is None
 
 
 def test_an_untrained_update_is_refused_outright(customer_api, digits_dataset, make_device):
