@@ -233,6 +233,10 @@ def receipt_verification(receipt: Receipt) -> dict:
     spans = [list(s.get("steps") or bounds[s["segment"]:s["segment"] + 2]) for s in check.get("segments") or []]
     out = {"method": "site_reexecution", "segments": spans, "retrained_steps": sum(b - a for a, b in spans),
            "tolerance": check.get("tolerance")}
+    opinions = [{"segment": s["segment"], "passed_by": s["second_opinion"]["passed_by"]}
+                for s in check.get("segments") or [] if isinstance(s.get("second_opinion"), dict)]
+    if opinions:  # segments outside the tolerance that another honest arithmetic accepted (verification.py)
+        out["second_opinions"] = opinions
     if check.get("validator") == "peers":
         agreed = receipt.peer_checks.filter(status=PeerCheck.Status.AGREED).values_list("device_id", flat=True)
         out.update(method="peer_check", peers=sorted({device_pseudonym(d) for d in agreed}))
