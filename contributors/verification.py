@@ -182,10 +182,9 @@ def _second_opinion(job, X, y, start: segments.Checkpoint, end: segments.Checkpo
     opinions, spread = {}, 0.0
     threads = torch.get_num_threads()
     for kind, value in SECOND_OPINIONS:
-        name = f"{kind}:{value}"
-        if kind == "threads":
+        if kind == "threads":  # the other count than the validator's own
             value = value if threads == 1 else 1
-            name = f"threads:{value}"
+        name = f"{kind}:{value}"
         torch.set_num_threads(value if kind == "threads" else threads)
         try:
             model = jobs.job_model(job, start.weights)
