@@ -40,7 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client"), 
 import segment_market  # noqa: E402
 
 from contributors import reputation, tolerances  # noqa: E402
-from contributors.checks import segment_distance  # noqa: E402
+from contributors.checks import checkpoint_distance  # noqa: E402
 
 FIX_CHALLENGED = (2, 4, 8, 16)
 FIX_MIN_RATE = (0.1, 0.2, 0.3, 0.5)
@@ -81,9 +81,7 @@ def false_rejections(units: int) -> tuple[int, int, float, int]:
             torch.set_num_threads(1)
         devices.append(unit.train(unit.start, first_step=unit.first_step, steps=k, numerics="f64")[k])
         for device in devices:
-            d = segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
-                                 validator_weights=validator.weights, validator_optimizer=validator.optimizer,
-                                 start_weights=unit.start.weights)
+            d = checkpoint_distance(device, validator, unit.start)
             worst, compared, rejected = max(worst, d), compared + 1, rejected + (d > tolerance)
     return rejected, compared, worst, k
 

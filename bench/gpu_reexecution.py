@@ -41,7 +41,7 @@ from muninn_worker.runner import _train_device  # noqa: E402
 from muninn_worker.segments import Checkpoint  # noqa: E402
 
 from contributors import tolerances  # noqa: E402
-from contributors.checks import segment_distance  # noqa: E402
+from contributors.checks import checkpoint_distance  # noqa: E402
 
 UNIT = 1  # which unit of bench/segment_cases.py (a shard of a 3-device round, trained from the job's start)
 
@@ -88,9 +88,7 @@ def check_unit(case: segment_cases.Case, number: int, k: int, *, cuda: bool, sam
         end, _ = training.train_segment(validator, unit.X, unit.y, checkpoints[j], first_step=first,
                                         steps=min(k, steps - first), seed=unit.seed, **case.train_args())
         device = checkpoints[j + 1]
-        distances.append(segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
-                                          validator_weights=end.weights, validator_optimizer=end.optimizer,
-                                          start_weights=checkpoints[j].weights))
+        distances.append(checkpoint_distance(device, end, checkpoints[j]))
     return {"samples": len(unit.y), "steps": steps, "segments": segments, "distances": distances,
             "device_runs_equal": same(checkpoints, again), "device_s": device_s,
             "validator_s": time.perf_counter() - started}

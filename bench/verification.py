@@ -70,7 +70,7 @@ import segment_market  # noqa: E402
 from muninn_worker.segments import Checkpoint  # noqa: E402
 
 from contributors import reputation  # noqa: E402
-from contributors.checks import segment_distance  # noqa: E402
+from contributors.checks import checkpoint_distance  # noqa: E402
 
 KS = (1, 2, 4, 8, 16, 32)
 MULTIPLE = 10
@@ -94,12 +94,6 @@ TAIL_TEMPLATES = ("mlp", "cnn")
 
 
 # ------------------------------------------------------------------------------------------ measuring
-
-
-def distance(device: Checkpoint, validator: Checkpoint, start: Checkpoint) -> float:
-    return segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
-                            validator_weights=validator.weights, validator_optimizer=validator.optimizer,
-                            start_weights=start.weights)
 
 
 def forged(state: Checkpoint, honest: Checkpoint) -> Checkpoint:
@@ -180,9 +174,9 @@ def measure_unit(unit: segment_cases.Unit, previous: dict | None, *, threads: bo
         before = native[k - 1] if k > 1 else start
         swapped = unit.train(before, first_step=w + k - 1 + shift, steps=1)[1]
         attacks = cheats(k, unit, native, lr95, partial, swapped, previous, generator)
-        out[k] = {"honest": distance(f64[k], native[k], start),
-                  "threads": distance(two[k], native[k], start) if two else None,
-                  "attacks": {name: distance(state, native[k], start) for name, state in attacks.items()}}
+        out[k] = {"honest": checkpoint_distance(f64[k], native[k], start),
+                  "threads": checkpoint_distance(two[k], native[k], start) if two else None,
+                  "attacks": {name: checkpoint_distance(state, native[k], start) for name, state in attacks.items()}}
     return out, {k: native[k] for k in KS}
 
 
@@ -191,7 +185,7 @@ def measure_tail(unit: segment_cases.Unit) -> dict:
     kmax, w, start = max(KS), unit.first_step, unit.start
     native = unit.train(start, first_step=w, steps=kmax, keep=set(KS))
     f64 = unit.train(start, first_step=w, steps=kmax, numerics="f64", keep=set(KS))
-    return {k: {"honest": distance(f64[k], native[k], start), "threads": None, "attacks": {}} for k in KS}
+    return {k: {"honest": checkpoint_distance(f64[k], native[k], start), "threads": None, "attacks": {}} for k in KS}
 
 
 def measure_case(case: segment_cases.Case, units: int, tail: int = 0) -> list[dict]:

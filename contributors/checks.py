@@ -286,6 +286,14 @@ def sensitive_tolerance(tolerance: float, spread: float) -> float:
     return max(tolerance, min(SENSITIVE_CEILING, SENSITIVE_MULTIPLE * spread))
 
 
+def checkpoint_distance(device, validator, start) -> float:
+    """`segment_distance` of two ends of a segment and its start, each a checkpoint (`muninn_worker.segments.
+    Checkpoint`: its weights and optimizer state): the device's end against the validator's."""
+    return segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
+                            validator_weights=validator.weights, validator_optimizer=validator.optimizer,
+                            start_weights=start.weights)
+
+
 def check_segment(distance: float, tolerance: float, *, segment: int) -> None:
     if not distance <= tolerance:
         raise ResultRejected("reexecution_mismatch", f"Re-training segment {segment} from the device's own "

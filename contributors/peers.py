@@ -175,9 +175,7 @@ def peer_check_submit(*, device: Device, check_id: int, data: bytes, receipt: di
     start = segments.bytes_to_checkpoint(start_checkpoint_bytes(check))
     committed = segments.bytes_to_checkpoint(storage.blob_get(original.checkpoint_blobs[str(check.segment + 1)]))
     try:
-        distance = checks.segment_distance(device_weights=committed.weights, device_optimizer=committed.optimizer,
-                                           validator_weights=end.weights, validator_optimizer=end.optimizer,
-                                           start_weights=start.weights)
+        distance = checks.checkpoint_distance(committed, end, start)
     except (KeyError, RuntimeError):
         distance = float("inf")
     tolerance = tolerances.tolerance(original.unit.round.job.template, original.segment_steps)

@@ -132,7 +132,7 @@ def _check_segments(receipt: Receipt) -> Receipt | dict:
             continue
         if not all(math.isfinite(v) for v in losses):
             diverged = True
-        distance = _distance(end, validator_end, start)
+        distance = checks.checkpoint_distance(end, validator_end, start)
         entry = {"segment": j, "steps": [bounds[j], bounds[j + 1]], "distance": checks.finite_or_none(distance)}
         agrees = distance <= tolerance
         if not agrees and not diverged:
@@ -154,12 +154,6 @@ def _check_segments(receipt: Receipt) -> Receipt | dict:
             record(receipt, evidence)
             return challenges.fail(receipt_id=receipt.pk, code=e.code, message=e.message)
     return evidence
-
-
-def _distance(device: segments.Checkpoint, validator: segments.Checkpoint, start: segments.Checkpoint) -> float:
-    return checks.segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
-                                   validator_weights=validator.weights, validator_optimizer=validator.optimizer,
-                                   start_weights=start.weights)
 
 
 # The other honest arithmetic a segment is re-trained in before it fails: another torch thread count (CPU kernels
@@ -198,13 +192,13 @@ def _second_opinion(job, X, y, start: segments.Checkpoint, end: segments.Checkpo
         if not all(math.isfinite(v) for v in losses):
             opinions[name] = "diverged"
             continue
-        opinions[name] = checks.finite_or_none(_distance(end, other, start))
-        spread = max(spread, _distance(other, validator_end, start))
+        opinions[name] = checks.finite_or_none(checks.checkpoint_distance(end, other, start))
+        spread = max(spread, checks.checkpoint_distance(other, validator_end, start))
     allowed = checks.sensitive_tolerance(tolerance, spread)
     spread = checks.finite_or_none(spread)
     matched = min((d for d in opinions.values() if isinstance(d, float)), default=math.inf)
     passed_by = ("reproduced" if matched <= tolerance
-                 else "sensitive segment" if _distance(end, validator_end, start) <= allowed else None)
+                 else "sensitive segment" if checks.checkpoint_distance(end, validator_end, start) <= allowed else None)
     return {"distances": opinions, "spread": spread, "allowed": allowed, "passed_by": passed_by}
 
 

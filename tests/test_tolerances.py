@@ -9,7 +9,7 @@ from muninn_worker.segments import Checkpoint
 from sklearn.datasets import load_digits
 
 from contributors import tolerances
-from contributors.checks import segment_distance
+from contributors.checks import checkpoint_distance
 
 WARMUP = 10  # steps before the measured segment: a mid-training start, momentum built up
 
@@ -66,17 +66,11 @@ def mlp_segments():
     return k, out
 
 
-def _distance(device: Checkpoint, validator: Checkpoint, start: Checkpoint) -> float:
-    return segment_distance(device_weights=device.weights, device_optimizer=device.optimizer,
-                            validator_weights=validator.weights, validator_optimizer=validator.optimizer,
-                            start_weights=start.weights)
-
-
 def test_honest_mlp_segments_in_another_devices_arithmetic_are_within_tolerance(mlp_segments):
     k, segments = mlp_segments
     tolerance = tolerances.tolerance("mlp", k)
 
-    distances = [_distance(honest, validator, start) for start, validator, honest, _ in segments]
+    distances = [checkpoint_distance(honest, validator, start) for start, validator, honest, _ in segments]
 
     assert all(0 < d <= tolerance for d in distances), (distances, tolerance)
 
@@ -85,7 +79,7 @@ def test_an_mlp_segment_with_a_skipped_step_is_beyond_tolerance(mlp_segments):
     k, segments = mlp_segments
     tolerance = tolerances.tolerance("mlp", k)
 
-    distances = [_distance(skipped, validator, start) for start, validator, _, skipped in segments]
+    distances = [checkpoint_distance(skipped, validator, start) for start, validator, _, skipped in segments]
 
     assert all(d > tolerance for d in distances), (distances, tolerance)
 
@@ -115,9 +109,10 @@ def test_one_row_moved_as_a_relu_flip_moves_it_passes_but_the_same_move_spread_o
     every_row = Checkpoint(_moved(honest.weights, start.weights, name, slice(None), 1e-2), honest.optimizer)
     too_far = Checkpoint(_moved(honest.weights, start.weights, name, slice(7, 8), 0.2), honest.optimizer)
 
-    assert _distance(one_row, validator, start) <= tolerance
-    assert _distance(every_row, validator, start) > 100 * tolerance
-    assert _distance(too_far, validator, start) > 0.1  # beyond the spared rows' cap: the whole distance counts
+    assert checkpoint_distance(one_row, validator, start) <= tolerance
+    assert checkpoint_distance(every_row, validator, start) > 100 * tolerance
+    # beyond the spared rows' cap: the whole distance counts
+    assert checkpoint_distance(too_far, validator, start) > 0.1
 
 
 def test_a_browser_segment_is_judged_against_the_larger_of_its_measured_envelope_and_the_templates(monkeypatch):

@@ -150,7 +150,7 @@ def test_a_segment_as_far_as_honest_arithmetic_spreads_passes_and_a_cheat_does_n
         return verification._second_opinion(job, X, y, start, end, trained["native"], first_step=0, steps=4,
                                             spec=spec, tolerance=tolerance)
 
-    spread = verification._distance(trained["f64"], trained["native"], start)
+    spread = checks.checkpoint_distance(trained["f64"], trained["native"], start)
     assert 0 < spread < 1e-4
     between = opinion(beyond(0.5), tolerance=spread / 10)  # halfway between two honest re-trainings
     assert between["passed_by"] == "sensitive segment" and between["allowed"] == pytest.approx(10 * spread)
