@@ -138,7 +138,7 @@ def _check_segments(receipt: Receipt) -> Receipt | dict:
         if not agrees and not diverged:
             entry["second_opinion"] = _second_opinion(job, X, y, start, end, validator_end, first_step=bounds[j],
                                                       steps=bounds[j + 1] - bounds[j], spec=spec,
-                                                      tolerance=tolerance)
+                                                      tolerance=tolerance, distance=distance)
             agrees = entry["second_opinion"]["passed_by"] is not None
         report.append(entry)
         if not agrees and failed is None:
@@ -163,10 +163,11 @@ SECOND_OPINIONS = (("threads", 2), ("numerics", "f64"))
 
 def _second_opinion(job, X, y, start: segments.Checkpoint, end: segments.Checkpoint,
                     validator_end: segments.Checkpoint, *, first_step: int, steps: int, spec: dict,
-                    tolerance: float) -> dict:
-    """A segment outside the tolerance, re-trained under each of SECOND_OPINIONS before it may fail. The tolerance
-    is the worst honest drift seen over many segments, and some segments drift far more: in a step of high loss
-    and a large learning rate, one different rounding crosses a ReLU's kink and the whole segment goes another way
+                    tolerance: float, distance: float) -> dict:
+    """A segment outside the tolerance (`distance` from the validator's `validator_end`), re-trained under each of
+    SECOND_OPINIONS before it may fail. The tolerance is the worst honest drift seen over many segments, and some
+    segments drift far more: in a step of high loss and a large learning rate, one different rounding crosses a
+    ReLU's kink and the whole segment goes another way
     (measured: an honest 2-thread CPU device 5.4e-4 from the 1-thread validator on a cnn segment whose tolerance
     is 1.5e-5, while the 2-thread and float64 re-trainings agreed with the device within 1e-5). It passes when
     another honest arithmetic reproduces the device within the tolerance, or when the validator's own honest
@@ -197,8 +198,7 @@ def _second_opinion(job, X, y, start: segments.Checkpoint, end: segments.Checkpo
     allowed = checks.sensitive_tolerance(tolerance, spread)
     spread = checks.finite_or_none(spread)
     matched = min((d for d in opinions.values() if isinstance(d, float)), default=math.inf)
-    passed_by = ("reproduced" if matched <= tolerance
-                 else "sensitive segment" if checks.checkpoint_distance(end, validator_end, start) <= allowed else None)
+    passed_by = ("reproduced" if matched <= tolerance else "sensitive segment" if distance <= allowed else None)
     return {"distances": opinions, "spread": spread, "allowed": allowed, "passed_by": passed_by}
 
 

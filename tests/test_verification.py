@@ -148,7 +148,8 @@ def test_a_segment_as_far_as_honest_arithmetic_spreads_passes_and_a_cheat_does_n
 
     def opinion(end: segments.Checkpoint, tolerance: float) -> dict:
         return verification._second_opinion(job, X, y, start, end, trained["native"], first_step=0, steps=4,
-                                            spec=spec, tolerance=tolerance)
+                                            spec=spec, tolerance=tolerance,
+                                            distance=checks.checkpoint_distance(end, trained["native"], start))
 
     spread = checks.checkpoint_distance(trained["f64"], trained["native"], start)
     assert 0 < spread < 1e-4
