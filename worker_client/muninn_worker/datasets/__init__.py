@@ -21,8 +21,8 @@ from .split import split_holdout, training_order
 from .text import parse_text, window_count, windows
 from .weights import parse_weights
 
-__all__ = ["DatasetError", "ParsedDataset", "sniff_format", "parse_dataset", "split_holdout", "training_order", "windows",
-           "window_count", "MIN_ROWS", "FORMATS"]
+__all__ = ["DatasetError", "ParsedDataset", "sniff_format", "parse_dataset", "split_holdout", "training_order",
+           "windows", "window_count", "MIN_ROWS", "FORMATS"]
 
 FORMATS = ("csv", "npz", "images", "text", "weights")
 

@@ -15,8 +15,8 @@ def split_holdout(n: int, *, test_fraction: float = 0.2, seed: int) -> tuple[np.
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction}")
     n_test = min(n - 1, max(1, round(n * test_fraction)))
-    order = np.argsort(np.random.PCG64(seed).random_raw(n), kind="stable")
-    return np.sort(order[n_test:]).astype(np.int64), np.sort(order[:n_test]).astype(np.int64)
+    order = _permutation(np.random.PCG64(seed), n)
+    return np.sort(order[n_test:]), np.sort(order[:n_test])
 
 
 def training_order(n: int, *, seed: int) -> np.ndarray:
@@ -24,4 +24,9 @@ def training_order(n: int, *, seed: int) -> np.ndarray:
     order a job keeps its training rows in. A round's shards are contiguous slices of that split, and an upload
     in its own order (an image folder's classes one after another, a CSV sorted by its label or by time) gave
     each device one or two classes, so FedAvg swung between them instead of converging."""
-    return np.argsort(np.random.PCG64(seed).jumped().random_raw(n), kind="stable").astype(np.int64)
+    return _permutation(np.random.PCG64(seed).jumped(), n)
+
+
+def _permutation(generator: np.random.PCG64, n: int) -> np.ndarray:
+    """0..n-1 ordered by the generator's raw stream, which numpy keeps stable across versions."""
+    return np.argsort(generator.random_raw(n), kind="stable").astype(np.int64)
