@@ -6,7 +6,10 @@ import re
 
 import pytest
 from django.core import mail
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
 
 from accounts import services as accounts
 from accounts.models import User
@@ -14,7 +17,7 @@ from billing import money
 from billing.models import Quote, TopUp
 from contributors.models import Device
 from jobs import services as job_services
-from jobs.models import Dataset, Job
+from jobs.models import Dataset, Job, WorkUnit
 
 from .conftest import digits_npz, named_file, register_device
 
@@ -247,12 +250,6 @@ def test_customer_cancels_a_running_job_and_the_unused_hold_comes_back(customer,
 def test_unit_counts_per_round_come_from_one_query_however_many_units(customer, customer_client, digits):
     """The job page's poll and GET /api/jobs/<id> count each round's units by status in the database: they loaded
     every unit of every round, O(the job's units) on every poll."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-    from rest_framework.test import APIClient
-
-    from jobs.models import WorkUnit
-
     job = job_services.job_create(owner=customer, dataset=digits, template="mlp", hparams={}, rounds=3, seed=1)
     Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING)
     api = APIClient()
