@@ -43,13 +43,14 @@ job = Job.objects.get(pk=JOB_ID)
 receipts = []
 for r in Receipt.objects.filter(unit__round__job=job).select_related("device", "unit__round"):
     v = (r.verification or {}).get("segment_check") or {}
-    segments = [s for s in v.get("segments", []) if s.get("distance") is not None]
+    checked = v.get("segments", [])
+    segments = [s for s in checked if s.get("distance") is not None]
     suspect = (r.verification or {}).get("suspect") or []
     receipts.append({"device": r.device.name, "round": r.unit.round.number, "status": r.status,
                      "reason": r.reason, "validator": v.get("validator", ""),
                      "segment_steps": r.segment_steps, "challenged": list(r.challenge_segments), "suspect": suspect,
                      "tolerance": v.get("tolerance"), "distances": [s["distance"] for s in segments],
-                     "second_opinions": [s["second_opinion"]["passed_by"] or "failed" for s in segments
+                     "second_opinions": [s["second_opinion"]["passed_by"] or "failed" for s in checked
                                          if "second_opinion" in s],
                      "steps": r.steps, "train_seconds": r.train_seconds})
 peer = [{"segment": c.segment, "status": c.status, "distance": c.distance}

@@ -40,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
+from scripts.stack import ENDED, Stack, base_env, free_port, ok  # noqa: E402
 
 GOAL_PLATFORM_S = 0.3
 GOAL_OVERHEAD = 1.10
@@ -83,8 +84,6 @@ def main() -> int:
 
 def run_fleet(options: argparse.Namespace, devices: int) -> dict:
     """One fleet on a fresh stack; returns its rounds' figures. Runs in a child process (see main)."""
-    from scripts.stack import Stack, base_env, free_port
-
     tmp = Path(tempfile.mkdtemp(prefix=f"muninn-rounds-{devices}-"))
     database_url = options.database_url or f"sqlite:///{tmp / 'muninn.sqlite3'}"
     if options.database_url:
@@ -199,19 +198,19 @@ def _start_job(api, url: str, rounds: int) -> dict:
     digits = load_digits()
     buf = io.BytesIO()
     np.savez(buf, X=digits.data.astype(np.float32), y=digits.target.astype(np.int64))
-    dataset = _ok(api.post(f"{url}/api/datasets", files={"file": ("digits.npz", buf.getvalue())},
-                           data={"name": "digits"}))
-    return _ok(api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": rounds,
-                                                 "hparams": {"epochs": 1}, "seed": 7, "start": True}))
+    dataset = ok(api.post(f"{url}/api/datasets", files={"file": ("digits.npz", buf.getvalue())},
+                          data={"name": "digits"}))
+    return ok(api.post(f"{url}/api/jobs", json={"dataset": dataset["id"], "template": "mlp", "rounds": rounds,
+                                                "hparams": {"epochs": 1}, "seed": 7, "start": True}))
 
 
 def _wait_for_job(api, url: str, job: dict) -> int:
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while job["status"] not in ("succeeded", "failed", "cancelled"):
+    while job["status"] not in ENDED:
         if time.monotonic() > deadline:
             raise SystemExit(f"job {job['id']} did not finish within {JOB_TIMEOUT_S} s (it is {job['status']})")
         time.sleep(0.5)
-        job = _ok(api.get(f"{url}/api/jobs/{job['id']}"))
+        job = ok(api.get(f"{url}/api/jobs/{job['id']}"))
     if job["status"] != "succeeded":
         raise SystemExit(f"job {job['id']} {job['status']}: {job.get('error')}")
     return job["id"]
@@ -276,12 +275,6 @@ def _print_table(fleets: list[dict], options: argparse.Namespace) -> None:
         print(f"{f['devices']:>7} " + " ".join(f"{cpu.get(part, 0.0):>8.3f}s" for part in parts)
               + f" {sum(cpu.values()):>8.3f}s")
     print()
-
-
-def _ok(response) -> dict:
-    if not response.ok:
-        raise SystemExit(f"{response.request.method} {response.url} -> {response.status_code}: {response.text}")
-    return response.json()
 
 
 def _parse_args() -> argparse.Namespace:
