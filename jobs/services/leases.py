@@ -52,7 +52,7 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     params = {"device": device_id, "now": at(now), "expires": at(expires), "max_held": max_held,
               "token": sql.value(WorkUnit, "lease_token", uuid.uuid4()),
               "refused_after": at(now - timedelta(seconds=settings.MUNINN_UNIT_BACKOFF_MAX_SECONDS)),
-              **{f"like_{b}": f"%{b}%" for b in backends}, **{f"memory_{b}": resources[b] for b in backends},
+              **{f"memory_{b}": resources[b] for b in backends},
               **{f"template_{n}": t for n, t in enumerate(templates or ())}}
     for number in range(len(_PASSES)):
         row = sql.fetch_one(_lease_sql(connection.vendor, backends, number, trusted,
@@ -76,8 +76,9 @@ _PASSES = (
 def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: bool, templates: int | None) -> str:
     unit, rnd, job = sql.table(WorkUnit), sql.table(Round), sql.table(Job)
     dataset = sql.table(Job._meta.get_field("dataset").related_model)
-    runnable = " OR ".join(f"(j.backends LIKE %(like_{b})s AND u.min_memory_bytes <= %(memory_{b})s)"
-                           for b in backends) or "false"
+    runnable = " OR ".join(
+        f"(j.backends LIKE {sql.literal(_backend_pattern(b))} AND u.min_memory_bytes <= %(memory_{b})s)"
+        for b in backends) or "false"
     # The statuses are written into the text (sql.literal: the partial indexes unit_queued_preferred and
     # unit_leased_device then serve the prepared statement's generic plan too).
     queued, leased = sql.literal(WorkUnit.Status.QUEUED), sql.literal(WorkUnit.Status.LEASED)
@@ -151,3 +152,12 @@ def leases_expire(*, now: datetime | None = None) -> list[tuple[int, int]]:
             status=WorkUnit.Status.QUEUED, lease_token=None, lease_expires_at=None, preferred_device_id=None,
             reserved_until=None)
     return abandoned
+
+
+def _backend_pattern(backend: str) -> str:
+    """A backend's pattern in a job's `backends` ("cpu,cuda"), written into the claim's text: the planner then knows
+    how many jobs it matches, and the claim's one plan for any values (its generic plan) walks the queue's index
+    instead of starting from the jobs. A name of the code's (selectors.BACKEND_NAMES), never a request's string."""
+    if backend not in selectors.BACKEND_NAMES:
+        raise ValueError(f"unknown backend {backend!r}")
+    return f"%%{backend}%%"  # (a statement with parameters writes a literal % as %%)

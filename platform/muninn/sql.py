@@ -50,8 +50,9 @@ def literal(constant: str) -> str:
     plan), and a partial index (`WHERE status = 'queued'`) serves that plan only when the statement says the same
     constant. Compared with a parameter, the claim's generic plan walked the queue and counted the device's leases
     over the whole table: 15-17 ms a claim on bench/load.py's 8,000 units, against 4 ms with the statuses written
-    in. (Measured here, PostgreSQL kept planning each claim afresh, ~2-3 ms, either way; this keeps the plan it
-    would switch to from being the slow one.)"""
+    in, and 0.1 ms with the backends' patterns written in too (jobs.services.leases._backend_pattern). Every
+    prepared statement runs its generic plan (settings: plan_cache_mode), so whatever that plan depends on is
+    written here."""
     return "'" + str(constant).replace("'", "''") + "'"
 
 
