@@ -180,7 +180,7 @@ def _live_with(output_sha: str) -> list[tuple[int, int, int]]:
     """(receipt id, device id, unit id) of the live receipts (not rejected) for exactly these bytes, oldest first."""
     return sql.fetch_all(f"SELECT id, device_id, unit_id FROM {sql.table(Receipt)} "  # muninn/sql.py: why
                          "WHERE output_sha256 = %s AND status <> %s ORDER BY id",
-                         [output_sha, Receipt.Status.REJECTED])
+                         [output_sha, Receipt.Status.REJECTED], planned_each_time=True)
 
 
 def _live_receipt(device: Device, unit_id: int, output_sha: str,
