@@ -7,7 +7,7 @@ service's change calls for (services never import tasks).
 import logging
 
 from celery import shared_task
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.dispatch import receiver
 
 from . import services, wakeups
@@ -36,6 +36,10 @@ def open_round(job_id: int) -> int | None:
         return None
     if rnd is not None:
         wakeups.units_queued_on_commit()  # devices waiting on a claim get its units the moment they are in
+        try:  # after the wake-up: the devices claim while the statistics are read
+            services.units_statistics_refresh(added=rnd.units.count())
+        except DatabaseError:  # an optimisation: the round is open whatever becomes of it
+            log.warning("job %s: refreshing the units' statistics failed", job_id, exc_info=True)
     return rnd.pk if rnd else None
 
 

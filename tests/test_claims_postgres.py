@@ -85,3 +85,36 @@ def test_the_hot_paths_statements_are_prepared_once_per_connection(customer, con
     assert generic >= 3  # one lease statement, run by every claim on the plan made once (not planned per claim)
     assert all("$1" in text for text in texts)  # bound by the server
     assert not any(custom for _, _, custom in prepared)
+
+
+def test_a_round_that_outgrows_the_units_statistics_refreshes_them_and_claims_keep_their_index(
+        customer, contributor, monkeypatch):
+    """Claims run on a plan made once per connection. Made while a new site's units' table was empty, it scans the
+    table whole; a round adding more units than the statistics count refreshes them (ANALYZE, which has PostgreSQL
+    make every connection's plans anew). A round the statistics already cover changes nothing."""
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
+    from jobs.services import rounds
+
+    monkeypatch.setattr(rounds, "STATISTICS_REFRESH_UNITS", 3)
+    devices = [register_device(contributor, f"d{i}") for i in range(8)]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_workunit")  # the statistics of an empty table, as on a new site
+    assert _units_counted() <= 0
+    dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=digits_npz())
+    job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams={}, rounds=2, seed=1)
+    jobs.job_start(job_id=job.pk)  # its task opens round 1, one unit per device
+
+    units = WorkUnit.objects.filter(round__job=job).count()
+    assert units == len(devices)
+    assert _units_counted() == units  # refreshed: the statistics count the round's units
+    assert not jobs.units_statistics_refresh(added=units)  # covered now: nothing runs
+    assert jobs.units_statistics_refresh(added=units + 1)
+    claim = contributors.unit_claim(device=devices[0])
+    assert claim.unit.round.job_id == job.pk
+
+
+def _units_counted() -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = 'jobs_workunit'::regclass")
+        return cursor.fetchone()[0]

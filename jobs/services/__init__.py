@@ -17,7 +17,8 @@ from .jobs import (
     JobPlan, template_backends, job_plan, job_create, job_start, job_cancel, job_fail, diverging_message,
     job_scheme, unit_flops, job_model,
 )
-from .rounds import round_open, round_aggregate, rounds_overdue, rounds_stalled, jobs_stalled
+from .rounds import (jobs_stalled, round_aggregate, round_open, rounds_overdue, rounds_stalled,
+                     units_statistics_refresh)
 from .stragglers import units_reissue_stragglers
 from .leases import (
     units_held, unit_lease, unit_heartbeat_holder, unit_heartbeat, units_requeue_expired, leases_expire,
@@ -47,6 +48,7 @@ __all__ = [
     "unit_flops",
     "job_model",
     "round_open",
+    "units_statistics_refresh",
     "round_aggregate",
     "rounds_overdue",
     "rounds_stalled",

@@ -86,6 +86,30 @@ def round_open(*, job_id: int, devices: Sequence[tuple[int, float]]) -> Round | 
     return rnd
 
 
+STATISTICS_REFRESH_UNITS = 1000  # a round at least this big may have outgrown the planner's statistics
+
+
+def units_statistics_refresh(*, added: int) -> bool:
+    """ANALYZE the units' table when a round just added more units than the planner's statistics say the table
+    holds (PostgreSQL only; returns whether it did). The worker API's statements run on plans made once per
+    connection (settings: plan_cache_mode): a claim's plan made while a new site's table was nearly empty scans
+    it whole, every claim of the first big round paying for it until autovacuum's next pass (up to a minute); fresh
+    statistics replace every connection's plan at once. On a site with history the statistics already count more
+    than a round adds, and nothing runs."""
+    if connection.vendor != "postgresql" or added < STATISTICS_REFRESH_UNITS:
+        return False
+    table = sql.table(WorkUnit)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [table])
+        known = cursor.fetchone()
+        if known is not None and known[0] >= added:
+            return False
+        cursor.execute(f"ANALYZE {table}")
+    log.info("analyzed %s: a round added %s units, its statistics counted %s", table, added,
+             None if known is None else int(known[0]))
+    return True
+
+
 # What differs between the units round_open plans, in the order of its rows.
 _PLANNED_FIELDS = ("index", "shard_start", "shard_stop", "shard_sha256", "shard_offset", "shard_size", "seed",
                    "flops", "expected_seconds", "preferred_device_id", "reserved_until")
