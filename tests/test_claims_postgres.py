@@ -118,3 +118,46 @@ def _units_counted() -> float:
     with connection.cursor() as cursor:
         cursor.execute("SELECT reltuples FROM pg_class WHERE oid = 'jobs_workunit'::regclass")
         return cursor.fetchone()[0]
+
+
+def test_a_claim_probes_a_backups_original_by_its_id_and_never_scans_the_units(customer, contributor):
+    """The claim's plan for any device (the one kept per connection) checks "not the backup of a unit this device
+    runs" by one probe of the original's row: written as NOT EXISTS, its plan hashed the whole units' table on the
+    first backup it met, a scan of every unit ever trained for each such claim."""
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
+    import uuid
+
+    from django.utils import timezone
+
+    from jobs.services import leases
+
+    device = register_device(contributor, "d")
+    now = timezone.now()
+    values = {"device": device.pk, "now": now, "expires": now, "max_held": 2, "token": uuid.uuid4(),
+              "refused_after": now, "memory_cpu": 2**33}
+    for number in range(len(leases._PASSES)):
+        numbered, names = _numbered(leases._lease_sql("postgresql", ("cpu",), number, False, None))
+        with connection.cursor() as cursor:
+            cursor.execute(f"PREPARE claim_plan AS {numbered}")
+            cursor.execute("SET plan_cache_mode = force_generic_plan")
+            cursor.execute(f"EXPLAIN EXECUTE claim_plan({', '.join(['%s'] * len(names))})",
+                           [values[n] for n in names])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute("DEALLOCATE claim_plan")
+        assert "Custom" not in plan and "SubPlan" in plan, plan
+        assert "hashed SubPlan" not in plan and "Seq Scan on jobs_workunit o" not in plan, plan
+
+
+def _numbered(statement: str) -> tuple[str, list[str]]:
+    """A statement with %(name)s parameters as PREPARE takes it ($1, $2, ...), and the names in that order."""
+    import re
+
+    names: list[str] = []
+
+    def number(match) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    return re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%"), names

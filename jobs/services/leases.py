@@ -88,8 +88,10 @@ def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: boo
         "(u.not_before IS NULL OR u.not_before <= %(now)s)",
         # never a unit refused from this device for a while, nor the backup of a unit this device is running
         "NOT COALESCE(u.refused_device_id = %(device)s AND u.not_before > %(refused_after)s, false)",
-        f"(u.backup_of_id IS NULL OR NOT EXISTS (SELECT 1 FROM {unit} o WHERE o.id = u.backup_of_id "
-        "AND o.leased_device_id = %(device)s))",
+        # (a scalar subquery, one probe of the original by its id: as NOT EXISTS, the plan for any device hashed
+        # the whole units' table on the first backup it met, one scan per claim)
+        f"(u.backup_of_id IS NULL OR COALESCE((SELECT o.leased_device_id FROM {unit} o WHERE o.id = u.backup_of_id), "
+        "0) <> %(device)s)",
         _PASSES[number],
     ]
     joins = f"JOIN {rnd} r ON r.id = u.round_id JOIN {job} j ON j.id = r.job_id"
