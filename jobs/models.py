@@ -243,6 +243,10 @@ class WorkUnit(models.Model):
             # a claim's first pass: the queued units sized for this device, in id order
             models.Index(fields=["preferred_device_id", "id"], condition=models.Q(status="queued"),
                          name="unit_queued_preferred"),
+            # its last pass: the queued units whose reservation for another device ran out, the oldest first
+            models.Index(fields=["reserved_until", "id"],
+                         condition=models.Q(status="queued", preferred_device_id__isnull=False),
+                         name="unit_queued_reserved"),
             # a job's latest accepted units, round by round (contributors.results' norm history)
             models.Index(fields=["round", "id"], condition=models.Q(status="accepted"), name="unit_accepted_round"),
         ]

@@ -1,4 +1,5 @@
-"""Which queued unit a claim leases: the device's own shard first, else one nobody else has reserved."""
+"""Which queued unit a claim leases: the device's own shard first, else one nobody reserved, else one whose
+reservation for another device has run out, the oldest reservation first."""
 from datetime import timedelta
 
 from django.utils import timezone
@@ -46,3 +47,15 @@ def test_a_reservation_that_has_passed_opens_the_unit_to_anyone(customer):
     leased = jobs.unit_lease(device_id=4, resources={"cpu": MEMORY})
 
     assert leased.pk == units[1].pk
+
+
+def test_a_unit_nobody_reserved_goes_first_then_the_reservations_that_ran_out_oldest_first(customer):
+    units = _round_for_three_devices(customer)
+    now = timezone.now()
+    WorkUnit.objects.filter(pk=units[0].pk).update(reserved_until=now - timedelta(seconds=1))
+    WorkUnit.objects.filter(pk=units[1].pk).update(reserved_until=now - timedelta(seconds=30))
+    WorkUnit.objects.filter(pk=units[2].pk).update(preferred_device_id=None, reserved_until=None)
+
+    leased = [jobs.unit_lease(device_id=4, resources={"cpu": MEMORY}, max_held=3) for _ in range(4)]
+
+    assert [u.pk for u in leased[:3]] == [units[2].pk, units[1].pk, units[0].pk] and leased[3] is None

@@ -121,9 +121,11 @@ def _units_counted() -> float:
 
 
 def test_a_claim_probes_a_backups_original_by_its_id_and_never_scans_the_units(customer, contributor):
-    """The claim's plan for any device (the one kept per connection) checks "not the backup of a unit this device
-    runs" by one probe of the original's row: written as NOT EXISTS, its plan hashed the whole units' table on the
-    first backup it met, a scan of every unit ever trained for each such claim."""
+    """The claim's plans for any device (the ones kept per connection) never scan the units: "not the backup of a
+    unit this device runs" is one probe of the original's row (written as NOT EXISTS, its plan hashed the whole
+    units' table on the first backup it met), and the passes for units nobody reserved and for reservations that
+    ran out each walk an index of only those (as one pass in id order, a device with no shard of its own walked
+    every queued unit reserved for others before its 204)."""
     if connection.vendor != "postgresql":
         pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
     import uuid
@@ -136,6 +138,7 @@ def test_a_claim_probes_a_backups_original_by_its_id_and_never_scans_the_units(c
     now = timezone.now()
     values = {"device": device.pk, "now": now, "expires": now, "max_held": 2, "token": uuid.uuid4(),
               "refused_after": now, "memory_cpu": 2**33}
+    plans = []
     for number in range(len(leases._PASSES)):
         numbered, names = _numbered(leases._lease_sql("postgresql", ("cpu",), number, False, None))
         with connection.cursor() as cursor:
@@ -147,6 +150,11 @@ def test_a_claim_probes_a_backups_original_by_its_id_and_never_scans_the_units(c
             cursor.execute("DEALLOCATE claim_plan")
         assert "Custom" not in plan and "SubPlan" in plan, plan
         assert "hashed SubPlan" not in plan and "Seq Scan on jobs_workunit o" not in plan, plan
+        plans.append(plan)
+    # the last two passes each walk an index that holds only their candidates, so a device with no shard of its own
+    # finds out at once that every queued unit is reserved for another device
+    assert "unit_queued_preferred" in plans[2] and "preferred_device_id IS NULL" in plans[2], plans[2]
+    assert "unit_queued_reserved" in plans[3], plans[3]
 
 
 def _numbered(statement: str) -> tuple[str, list[str]]:

@@ -29,7 +29,8 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
                max_held: int | None = None, trusted: bool = False, templates=None) -> WorkUnit | None:
     """Lease one queued unit the device can run (one of its backends is among the job's, with the unit's memory on
     it: `resources` maps each backend to its memory in bytes): first one sized for it, then a
-    straggler's backup (the round waits on it), then one nobody else has reserved; never a unit in its backoff
+    straggler's backup (the round waits on it), then one nobody reserved, then one whose reservation for another
+    device ran out (the oldest first); never a unit in its backoff
     after a refusal (nor, for a minute more, one refused from this device); never the backup of a
     unit this device is itself running. Never the same unit to two devices: rows are locked with SKIP
     LOCKED where the database has it, and the lease itself is a conditional update on the status. Nothing while
@@ -64,11 +65,15 @@ def unit_lease(*, device_id: int, resources: dict[str, int], lease_seconds: int 
     return None
 
 
-# A claim's three passes (see unit_lease), each one index walk in id order that stops at the first row that fits.
+# A claim's passes (see unit_lease), each one index walk that stops at the first row that fits: the units sized
+# for this device, a straggler's backup, a unit nobody reserved, then one whose reservation for another device ran
+# out (the oldest reservation first). As one pass in id order, the last two walked every queued unit when all were
+# reserved for other devices (a device with no shard of its own, answered 204: 54 ms at 37,000 units).
 _PASSES = (
-    "u.preferred_device_id = %(device)s",
-    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s) AND u.backup_of_id IS NOT NULL",
-    "(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s)",
+    ("u.preferred_device_id = %(device)s", "u.id"),
+    ("(u.preferred_device_id IS NULL OR u.reserved_until < %(now)s) AND u.backup_of_id IS NOT NULL", "u.id"),
+    ("u.preferred_device_id IS NULL", "u.id"),
+    ("u.preferred_device_id IS NOT NULL AND u.reserved_until < %(now)s", "u.reserved_until, u.id"),
 )
 
 
@@ -92,7 +97,7 @@ def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: boo
         # the whole units' table on the first backup it met, one scan per claim)
         f"(u.backup_of_id IS NULL OR COALESCE((SELECT o.leased_device_id FROM {unit} o WHERE o.id = u.backup_of_id), "
         "0) <> %(device)s)",
-        _PASSES[number],
+        _PASSES[number][0],
     ]
     joins = f"JOIN {rnd} r ON r.id = u.round_id JOIN {job} j ON j.id = r.job_id"
     if not trusted:
@@ -102,7 +107,8 @@ def _lease_sql(vendor: str, backends: tuple[str, ...], number: int, trusted: boo
         where.append(f"j.template IN ({', '.join(f'%(template_{n})s' for n in range(templates))})"
                      if templates else "false")
     lock = " FOR UPDATE OF u SKIP LOCKED" if vendor == "postgresql" else ""
-    pick = f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} ORDER BY u.id LIMIT 1{lock}"
+    order = _PASSES[number][1]
+    pick = f"SELECT u.id FROM {unit} u {joins} WHERE {' AND '.join(where)} ORDER BY {order} LIMIT 1{lock}"
     return (f"UPDATE {unit} SET status = {leased}, lease_token = %(token)s, leased_device_id = %(device)s, "
             f"lease_expires_at = %(expires)s, attempts = attempts + 1 WHERE id = ({pick}) AND status = {queued} "
             f"AND (SELECT count(*) FROM {unit} held WHERE held.status = {leased} AND held.leased_device_id = "
