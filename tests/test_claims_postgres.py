@@ -87,7 +87,7 @@ def test_the_hot_paths_statements_are_prepared_once_per_connection(customer, con
     assert not any(custom for _, _, custom in prepared)
 
 
-def test_a_round_that_outgrows_the_units_statistics_refreshes_them_and_claims_keep_their_index(
+def test_a_round_that_outgrows_the_units_statistics_refreshes_them(
         customer, contributor, monkeypatch):
     """Claims run on a plan made once per connection. Made while a new site's units' table was empty, it scans the
     table whole; a round adding more units than the statistics count refreshes them (ANALYZE, which has PostgreSQL

@@ -122,22 +122,19 @@ def fetch_all(statement: str, params, *, planned_each_time: bool = False) -> lis
     value that is not unique, on a table that grows from nothing with the site (receipts by output hash): the one
     plan a prepared statement keeps was made from the table it found, and a sequential scan made for an empty table
     took 1.7 ms a lookup once bench/load.py had written 5,000 receipts."""
-    read = lambda cursor: [tuple(row) for row in cursor.fetchall()]  # noqa: E731
-    if planned_each_time:
-        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
-            cursor.execute(statement, params)
-            return read(cursor)
-    return _run(statement, params, read)
+    return _run(statement, params, lambda cursor: [tuple(row) for row in cursor.fetchall()],
+                prepared=not planned_each_time)
 
 
-def _run(statement: str, params, read):
+def _run(statement: str, params, read, *, prepared: bool = True):
     """Run the statement through Django's cursor wrapper (errors translated to django.db's, queries captured where
     Django captures them) and return `read(cursor)`. On PostgreSQL the cursor under it binds on the server and
     prepares every statement it runs (psycopg keeps up to `prepared_max`, 100, per connection; the hot path has
     about twenty texts), and it is one cursor per connection, kept open: making a psycopg cursor per statement
-    (its adapters copied, Django's connection proxy read half a dozen times) was ~5 % of the web's CPU under load."""
+    (its adapters copied, Django's connection proxy read half a dozen times) was ~5 % of the web's CPU under load.
+    `prepared` False: Django's own cursor, which binds on the client (planned on every run)."""
     db = connections[DEFAULT_DB_ALIAS]
-    if db.vendor != "postgresql":
+    if db.vendor != "postgresql" or not prepared:
         with db.cursor() as cursor:
             cursor.execute(statement, params)
             return read(cursor)
