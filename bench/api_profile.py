@@ -199,9 +199,9 @@ def _record_statements() -> None:
 
     run = sql._run
 
-    def recorded(statement, params, read):
+    def recorded(statement, params, read, **options):
         _STATEMENTS.append(statement)
-        return run(statement, params, read)
+        return run(statement, params, read, **options)
 
     sql._run = recorded
 

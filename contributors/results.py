@@ -6,6 +6,7 @@ import functools
 import logging
 import threading
 import time
+from collections import OrderedDict
 
 import torch
 from django.conf import settings
@@ -268,7 +269,7 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     # (training is deterministic, so a cheater can submit a unit's honest result for another unit first).
     # A segment check decides; the newcomer is never refused on the other device's word.
     collision = next((receipt_id for receipt_id, device_id, _ in live if device_id != device.pk), None)
-    reference = tensors.bytes_to_state_dict(reference_bytes)
+    reference = _reference(unit.round.weights_sha256, reference_bytes)
     state = checks.decode_update(weights, reference, unit.round.job.update_encoding,
                                  max_inflated_bytes=checks.max_update_bytes(len(reference_bytes)))
     state_bytes = tensors.state_dict_to_bytes(state)
@@ -308,6 +309,30 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
                      "shard_loss_before": checks.finite_or_none(before),
                      "shard_loss_after": checks.finite_or_none(after), "held_seconds": round(held, 3)})
     return evidence, state, state_bytes, reference
+
+
+_REFERENCES: OrderedDict[str, dict] = OrderedDict()  # a round's weights sha256 → its tensors, decoded once
+_REFERENCES_LOCK = threading.Lock()
+REFERENCES_KEPT = 8  # rounds; only weights storage.blob_get_cached keeps (≤ 8 MB each): ≤ 64 MB a process
+
+
+def _reference(sha256: str, data: bytes) -> dict:
+    """The round's global weights decoded, shared by every result of the round this process checks: decoding them
+    for each result was ~5 % of the web's CPU under bench/load.py. Blobs are named by their content, so a kept copy is
+    never stale. READ ONLY: every check reads it (codec.decode_update makes new tensors; _check_model copies it into
+    its own), and tests/test_results_reference.py holds that to a result's whole path."""
+    with _REFERENCES_LOCK:
+        found = _REFERENCES.get(sha256)
+        if found is not None:
+            _REFERENCES.move_to_end(sha256)
+            return found
+    decoded = tensors.bytes_to_state_dict(data)
+    if len(data) <= storage.CACHE_BYTES // 8:
+        with _REFERENCES_LOCK:
+            decoded = _REFERENCES.setdefault(sha256, decoded)
+            while len(_REFERENCES) > REFERENCES_KEPT:
+                _REFERENCES.popitem(last=False)
+    return decoded
 
 
 # A job's bound, once the median of NORM_BOUND_STABLE_UNITS or more, is recomputed at most every NORM_BOUND_TTL_S per
