@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -17,6 +17,7 @@ from jobs import services as jobs
 from jobs.models import WorkUnit
 from muninn import sql
 from muninn.errors import Conflict, InvalidInput, MuninnError, NotFound
+from muninn.failpoints import failpoint
 
 from . import browser, credit, exposure, peers, reputation, selectors, tolerances
 from .authentication import token_hash, touch
@@ -116,20 +117,36 @@ def unit_claim(*, device: Device, backends=None) -> Claim | None:
     check = None if browser.is_browser(device) else peers.peer_check_lease(device=device, backends=list(resources))
     if check is not None:
         return Claim(None, None, check)
-    with transaction.atomic():
-        unit = jobs.unit_lease(device_id=device.pk, resources=resources, trusted=exposure.device_is_trusted(device),
-                               templates=browser.templates_for(device))
-        if unit is None:
-            held = jobs.units_held(device_id=device.pk)
-            if held >= settings.MUNINN_MAX_LEASES_PER_DEVICE:
-                raise LeaseLimit(f"This device holds {held} units already, the most a device may hold at once. "
-                                 "Upload their results (or let their leases expire) before claiming more.",
-                                 detail={"held": held, "limit": settings.MUNINN_MAX_LEASES_PER_DEVICE})
-            return None
+    # Two statements and no transaction around them (its BEGIN and COMMIT were two more round trips on every
+    # claim), each committed without waiting for the disk (muninn/sql.py: unflushed): the lease, then its Lease row.
+    # A claim that dies between the two leaves a unit leased with no Lease row, which no heartbeat or result can
+    # name (both need the row): its lease runs out and it is queued again, as a lease lost in a crash is.
+    unit = jobs.unit_lease(device_id=device.pk, resources=resources, trusted=exposure.device_is_trusted(device),
+                           templates=browser.templates_for(device))
+    if unit is None:
+        held = jobs.units_held(device_id=device.pk)
+        if held >= settings.MUNINN_MAX_LEASES_PER_DEVICE:
+            raise LeaseLimit(f"This device holds {held} units already, the most a device may hold at once. "
+                             "Upload their results (or let their leases expire) before claiming more.",
+                             detail={"held": held, "limit": settings.MUNINN_MAX_LEASES_PER_DEVICE})
+        return None
+    try:
+        failpoint("claim.before_lease_row")
         k = tolerances.segment_steps_for(unit.round.job.template, jobs.unit_steps(unit))
         # one statement written once (muninn/sql.py): every claim writes one
-        lease = sql.insert(Lease(device=device, unit=unit, token=unit.lease_token, segment_steps=k))
+        lease = sql.insert(Lease(device=device, unit=unit, token=unit.lease_token, segment_steps=k), unflushed=True)
+    except Exception:
+        _give_back_quietly(unit)  # at once, rather than when its lease runs out
+        raise
     return Claim(unit, lease)
+
+
+def _give_back_quietly(unit) -> None:
+    try:
+        jobs.unit_give_back(unit_id=unit.pk, lease_token=unit.lease_token)
+    except DatabaseError:
+        log.exception("unit %s: a claim failed after its lease and the unit could not be given back; it is "
+                      "queued again when its lease runs out", unit.pk)
 
 
 @functools.cache

@@ -146,11 +146,12 @@ class Site:
         self.stack.celery_worker(self.worker_name, env=self.env(**env))
         return self.worker_name
 
-    def restart_web(self, sig: int = signal.SIGKILL) -> None:
-        """The web server goes down (kill -9 by default: requests in flight are cut) and comes back on its port."""
+    def restart_web(self, sig: int = signal.SIGKILL, **env: str) -> None:
+        """The web server goes down (kill -9 by default: requests in flight are cut) and comes back on its port,
+        with this environment (the site's own when none is given)."""
         self.stack.stop(self.web_name, sig)
         self.web_name = f"web-{next(_names)}"
-        self.stack.web(self.port, name=self.web_name)
+        self.stack.web(self.port, name=self.web_name, env=self.env(**env) if env else None)
 
     def logs(self, *names: str) -> str:
         names = names or (self.web_name, self.worker_name, "celery-beat")
@@ -508,6 +509,30 @@ def test_web_server_restarted_mid_upload_the_client_sends_it_again(site):
     assert "request failed" in log, log  # the first send was cut
     accepted = Receipt.objects.get(unit=unit, status=Receipt.Status.ACCEPTED)
     assert accepted.device.name == s.names["device-1"]
+
+
+def test_web_server_killed_mid_claim_the_unit_is_leased_again(site):
+    """A claim writes the unit's lease and then its Lease row, each committed at once (contributors.services.
+    unit_claim): killed between the two, the unit is leased with no Lease row. Nobody can send its heartbeat or
+    result, and it is not lost: its lease runs out and another claim takes it."""
+    site.restart_web(MUNINN_FAILPOINTS="claim.before_lease_row=1*sleep:300")
+    orphan: dict = {}
+
+    def kill_web_mid_claim(s: Scenario) -> None:
+        s.stack.wait_for_log(site.web_name, "failpoint claim.before_lease_row reached", timeout=120)
+        leased = WorkUnit.objects.filter(round__job_id=s.job_id, status=WorkUnit.Status.LEASED)
+        # (each of the web's two processes pauses its own first claim there: one or both devices' claims)
+        orphan.update({u.pk: u.lease_token for u in leased.exclude(lease_token__in=Lease.objects.values("token"))})
+        site.restart_web()  # the claims in flight are cut; their clients claim again from the new server
+
+    run_scenario(site, kill_web_mid_claim, rounds=1)
+
+    assert orphan, "no claim was cut between the unit's lease and its Lease row"
+    for unit_id, token in orphan.items():
+        unit = WorkUnit.objects.get(pk=unit_id)
+        assert unit.status == WorkUnit.Status.ACCEPTED  # leased again once its lease ran out, and trained
+        assert not Lease.objects.filter(unit=unit, token=token).exists()
+        assert Receipt.objects.filter(unit=unit, status=Receipt.Status.ACCEPTED).count() == 1
 
 
 def test_devices_whose_clocks_are_an_hour_off_get_honest_work_accepted(site):

@@ -75,12 +75,15 @@ def execute(statement: str, params) -> int:
     return _run(statement, params, lambda cursor: cursor.rowcount)
 
 
-def insert(obj):
+def insert(obj, *, unflushed: bool = False):
     """INSERT a new model instance as the ORM's save would (defaults and auto_now_add filled in, each value prepared
-    by its field), in a statement written once per model; sets its id. Sends no model signals."""
+    by its field), in a statement written once per model; sets its id. Sends no model signals. `unflushed`: outside
+    a transaction, the row is committed without waiting for the disk (see `unflushed`: only a row whose loss costs
+    nothing); inside one, the transaction's commit is left as it is."""
     model, db = type(obj), connections[DEFAULT_DB_ALIAS]
     fields = _insert_fields(model)
-    obj.pk = fetch_one(_insert_sql(model), [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields])[0]
+    statement = _insert_sql(model, db.vendor if unflushed and not db.in_atomic_block else "")
+    obj.pk = fetch_one(statement, [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields])[0]
     obj._state.adding, obj._state.db = False, db.alias
     return obj
 
@@ -91,11 +94,13 @@ def _insert_fields(model) -> list:
 
 
 @functools.cache
-def _insert_sql(model) -> str:
+def _insert_sql(model, unflushed_on: str = "") -> str:
+    """`unflushed_on`: the vendor whose `unflushed` column the statement returns after the id ("": none)."""
     name = connection.ops.quote_name
     fields = _insert_fields(model)
     return (f"INSERT INTO {table(model)} ({', '.join(name(f.column) for f in fields)}) "
-            f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {name(model._meta.pk.column)}")
+            f"VALUES ({', '.join(['%s'] * len(fields))}) RETURNING {name(model._meta.pk.column)}"
+            f"{unflushed(unflushed_on) if unflushed_on else ''}")
 
 
 def update(model, values: dict, **where) -> int:
