@@ -418,10 +418,11 @@ class ResultView(DeviceView):
             status=201)
 
 
-def result_answer(*, device, unit_id: int, upload, offered, receipt_text, signature: str) -> dict:
+def result_answer(*, device, unit_id: int, upload, offered, receipt_text, signature: str, leased=None) -> dict:
     """A result's form, read (ResultView's, or a small one contributors/hotpath.py read itself): checked, stored
     and answered (201's body). `upload` and `offered` (the weights and the checkpoint sent along) have a `size`
-    and a `read()` (Django's uploaded files, hotpath.Part). MuninnError for every refusal."""
+    and a `read()` (Django's uploaded files, hotpath.Part). `leased`: results.result_submit's. MuninnError for
+    every refusal."""
     if upload is None:
         raise InvalidInput("Attach the trained weights as the 'weights' file (safetensors).", code="no_weights")
     if upload.size > settings.MUNINN_MAX_RESULT_BYTES:
@@ -441,7 +442,7 @@ def result_answer(*, device, unit_id: int, upload, offered, receipt_text, signat
     stored = results.result_submit(device=device, unit_id=unit_id, weights=upload.read(), receipt=receipt,
                                     receipt_bytes=receipt_text.encode(), signature=signature,
                                     max_bytes=settings.MUNINN_MAX_RESULT_BYTES,
-                                    checkpoint=None if offered is None else offered.read())
+                                    checkpoint=None if offered is None else offered.read(), leased=leased)
     return {"unit": unit_id, "status": stored.status, "reason": stored.reason, "hu": hu_str(stored.unit.hu),
             **credited_payload(stored), "challenge": challenges.challenge_payload(stored)}
 

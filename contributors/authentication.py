@@ -20,18 +20,36 @@ class DeviceTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Device"
 
     def authenticate(self, request):
+        found = self._device_row(request, _device_sql(), [])
+        return None if found is None else found[:2]
+
+    def authenticate_with_lease(self, request, unit_id: int):
+        """`authenticate`, with the device's current lease on the unit read in the same statement (a result needs
+        both: one round trip instead of two): (user, device, row), `row` the lease's and the unit's columns
+        (contributors.services.leased_from_row) or None when the device holds no lease on the unit."""
+        found = self._device_row(request, _device_with_lease_sql(), [unit_id])
+        if found is None:
+            return None
+        user, device, rest = found
+        return user, device, (None if rest[0] is None else rest)
+
+    def _device_row(self, request, statement: str, params: list):
+        """(user, device, the row's columns after the device's) for `statement` (_device_sql's, with `params`
+        between its two), None when the request names no device token."""
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].decode(errors="replace") != self.keyword:
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Send the device token as 'Authorization: Device <token>'.")
-        row = sql.fetch_one(_device_sql(), [DeviceEvent.Kind.FAILURE, token_hash(header[1].decode(errors="replace"))])
+        row = sql.fetch_one(statement, [DeviceEvent.Kind.FAILURE, *params,
+                                        token_hash(header[1].decode(errors="replace"))])
         if row is None:
             raise exceptions.AuthenticationFailed("Unknown or disabled device token.")
-        device = sql.instance(Device, row[:-1])
-        device.owner_flagged = bool(row[-1])
+        n = len(Device._meta.concrete_fields)
+        device = sql.instance(Device, row[:n])
+        device.owner_flagged = bool(row[n])
         owner_id = device.owner_id
-        return SimpleLazyObject(lambda: get_user_model().objects.get(pk=owner_id)), device
+        return SimpleLazyObject(lambda: get_user_model().objects.get(pk=owner_id)), device, row[n + 1:]
 
     def authenticate_header(self, request) -> str:
         return self.keyword
@@ -42,12 +60,32 @@ def _device_sql() -> str:
     """One statement, written once: every request of every device runs it, and the ORM's query building costs more
     than the query. The device (active, and its owner active) by its token's hash, with `owner_flagged`
     (selectors.owner_flagged_before) alongside, which claims and results need."""
+    select, tables, where = _device_parts()
+    return f"SELECT {select} FROM {tables} WHERE {where}"
+
+
+@functools.cache
+def _device_with_lease_sql() -> str:
+    """_device_sql's statement, then the device's current lease on a unit and the unit (NULLs when it holds none)."""
+    from jobs.models import WorkUnit
+
+    from .models import Lease
+
+    select, tables, where = _device_parts()
+    return (f"SELECT {select}, {sql.columns(Lease, 'l')}, {sql.columns(WorkUnit, 'w')} FROM {tables} "
+            f"LEFT JOIN ({sql.table(Lease)} l JOIN {sql.table(WorkUnit)} w ON w.id = l.unit_id "
+            f"AND w.lease_token = l.token) ON l.device_id = d.id AND l.unit_id = %s WHERE {where}")
+
+
+def _device_parts() -> tuple[str, str, str]:
+    """The device statement's select list (one %s: the failure event's kind), tables and condition (one %s: the
+    token's hash)."""
     device, user, event = sql.table(Device), sql.table(get_user_model()), sql.table(DeviceEvent)
-    return (f"SELECT {sql.columns(Device, 'd')}, EXISTS (SELECT 1 FROM {device} o JOIN {event} e ON e.device_id = o.id "
+    return (f"{sql.columns(Device, 'd')}, EXISTS (SELECT 1 FROM {device} o JOIN {event} e ON e.device_id = o.id "
             f"WHERE o.owner_id = d.owner_id AND o.id <> d.id AND (o.quarantined_at IS NOT NULL OR o.failures > 0) "
-            f"AND e.kind = %s AND e.at < d.created_at) AS owner_flagged "
-            f"FROM {device} d JOIN {user} u ON u.id = d.owner_id "
-            f"WHERE d.token_hash = %s AND d.is_active AND u.is_active")
+            f"AND e.kind = %s AND e.at < d.created_at) AS owner_flagged",
+            f"{device} d JOIN {user} u ON u.id = d.owner_id",
+            "d.token_hash = %s AND d.is_active AND u.is_active")
 
 
 class HasDevice:

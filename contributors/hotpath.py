@@ -44,7 +44,7 @@ from muninn import sql
 from muninn.errors import MuninnError, error_body
 from muninn.throttles import ClaimThrottle, HeartbeatThrottle
 
-from . import api, peers, push, results, versions
+from . import api, peers, push, results, services, versions
 from .authentication import TOUCH_EVERY_S, DeviceTokenAuthentication, token_hash
 from .models import Device
 
@@ -237,9 +237,14 @@ def _result(request, unit_id: int) -> HttpResponse | None:
     boundary = _boundary(request.META.get("CONTENT_TYPE", ""))
     if boundary is None or not 0 < length <= settings.FILE_UPLOAD_MAX_MEMORY_SIZE or not _current_client(request):
         return None
-    device = _device(request)
-    if device is None:
+    try:  # the device and its lease on the unit, in one statement
+        found = DeviceTokenAuthentication().authenticate_with_lease(request, unit_id)
+    except exceptions.AuthenticationFailed:
         return None
+    if found is None:
+        return None
+    _, device, row = found
+    leased = None if row is None else services.leased_from_row(device, row)  # None: result_submit says why
     try:
         # Before the body is read, as ResultView: a result can be no larger than an update of the unit's weights.
         results.result_body_check(device=device, unit_id=unit_id, content_length=length)
@@ -248,7 +253,7 @@ def _result(request, unit_id: int) -> HttpResponse | None:
             return None
         payload = api.result_answer(device=device, unit_id=unit_id, upload=form.get("weights"),
                                     offered=form.get("checkpoint"), receipt_text=form.get("receipt") or "",
-                                    signature=str(form.get("signature") or ""))
+                                    signature=str(form.get("signature") or ""), leased=leased)
     except MuninnError as e:
         return _refused(e)
     return _json(payload, 201)

@@ -69,7 +69,8 @@ def _refused(device: Device, unit_id: int, error) -> None:
 
 
 def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict, receipt_bytes: bytes,
-                  signature: str, max_bytes: int, checkpoint: bytes | None = None) -> Receipt:
+                  signature: str, max_bytes: int, checkpoint: bytes | None = None,
+                  leased: tuple[WorkUnit, Lease] | None = None) -> Receipt:
     """Check a device's result for a unit it holds; accept it (credited at once) or, when the device's
     reputation or the evidence calls for it, challenge segments of it (credited only if their check passes:
     contributors.challenges, verification, peers).
@@ -88,7 +89,10 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     offering it early tells it nothing). When the challenge asks for it, it is checked as an upload in answer would
     be (contributors.challenges.checkpoint_checked) and stored with the receipt, in its transaction: a unit of one
     segment, whose every check needs exactly it, is then checked without the device's second request and its
-    round trip."""
+    round trip.
+
+    `leased`: the unit and the device's current lease on it, read already with the device's authentication (the
+    hot path's); None: looked up here, with the exact refusal when the device does not hold it."""
     touch(device)
     output_sha = storage.sha256_hex(weights)
     live = _live_with(output_sha)
@@ -96,7 +100,7 @@ def result_submit(*, device: Device, unit_id: int, weights: bytes, receipt: dict
     if repeat is not None:  # the same upload again (the first answer was lost on the way): same answer
         return repeat
     try:
-        unit, lease = services.leased_unit(device=device, unit_id=unit_id)
+        unit, lease = leased or services.leased_unit(device=device, unit_id=unit_id)
         reference_bytes = storage.blob_get_cached(unit.round.weights_sha256)
         if len(weights) > checks.max_update_bytes(len(reference_bytes)) or len(weights) > max_bytes:
             raise TooLarge(f"The upload is {len(weights):,} bytes; this unit's weights are "

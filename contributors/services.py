@@ -158,16 +158,22 @@ def _leased_sql() -> str:
             "WHERE l.device_id = %s AND l.unit_id = %s AND u.lease_token = l.token")
 
 
+def leased_from_row(device: Device, row) -> tuple[WorkUnit, Lease]:
+    """(unit, lease) from a row of the lease's columns then the unit's (_leased_sql's, or the device's
+    authentication's: authentication.DeviceTokenAuthentication.authenticate_with_lease)."""
+    n = len(Lease._meta.concrete_fields)
+    lease, unit = sql.instance(Lease, row[:n]), sql.instance(WorkUnit, row[n:])
+    unit.round = job_selectors.round_fixed(unit.round_id)  # its fixed fields only: see there
+    lease.unit, lease.device = unit, device
+    return unit, lease
+
+
 def leased_unit(*, device: Device, unit_id: int) -> tuple[WorkUnit, Lease]:
     """The unit, if the device holds its current lease (for downloads, heartbeats and results): one query when it
     does; anything else takes the slow path for the exact error."""
     row = sql.fetch_one(_leased_sql(), [device.pk, unit_id])
     if row is not None:
-        n = len(Lease._meta.concrete_fields)
-        lease, unit = sql.instance(Lease, row[:n]), sql.instance(WorkUnit, row[n:])
-        unit.round = job_selectors.round_fixed(unit.round_id)  # its fixed fields only: see there
-        lease.unit, lease.device = unit, device
-        return unit, lease
+        return leased_from_row(device, row)
     unit = WorkUnit.objects.select_related("round__job").filter(pk=unit_id).first()
     if unit is None:
         raise NotFound(f"There is no unit {unit_id}.")

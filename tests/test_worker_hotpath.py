@@ -12,7 +12,7 @@ from muninn_worker import signing
 from rest_framework.test import APIClient
 
 from accounts.models import User
-from contributors import api
+from contributors import api, services
 from contributors.models import Device
 from jobs.models import WorkUnit
 
@@ -161,7 +161,7 @@ def test_a_quarantined_device_is_refused_its_claims_the_same_either_way(customer
     assert hot[0] == 403 and hot[1]["error"]["code"] == "device_quarantined"
 
 
-def _result_requests(device, unit_id: int, stranger_token: str) -> list:
+def _result_requests(device, unit_id: int, stranger_token: str, theirs: int) -> list:
     """Results the hot path must answer as ResultView does: each refused before its checks (the unit stays leased),
     and forms it leaves to the full way. Each is (client, path, data, format or content type)."""
     weights, receipt = device.train({"id": unit_id, **device.units[unit_id]})
@@ -185,6 +185,7 @@ def _result_requests(device, unit_id: int, stranger_token: str) -> list:
         (mine, path, nameless, "multipart/form-data; boundary=B"),  # a file without a name: Django drops it
         (mine, path, receipt, "json"),  # not a form
         (mine, other, form(), "multipart"),  # no such unit
+        (mine, f"/api/worker/units/{theirs}/result", form(), "multipart"),  # another device's: lease_lost
         (stranger, path, form(), "multipart"),
         (old, path, form(), "multipart"),
     ]
@@ -197,20 +198,23 @@ def test_the_hot_path_answers_every_result_as_the_view_does(customer_api, digits
     unit = device.claim()
     device.units = {unit["id"]: unit}
     theirs = other.claim()
-    hot = [_answer(_send(*request)) for request in _result_requests(device, unit["id"], "not-a-token")]
+    hot = [_answer(_send(*request)) for request in _result_requests(device, unit["id"], "not-a-token", theirs["id"])]
     # A good result, answered with ResultView out of the way: the hot path serves it.
+    form = _signed_form(device, unit)
     monkeypatch.setattr(api.ResultView, "post", lambda *args, **kwargs: pytest.fail("the full way was taken"))
-    accepted = _client(device.token).post(f"/api/worker/units/{unit['id']}/result",
-                                          _signed_form(device, unit), format="multipart")
+    # and the device's lease on the unit came with its authentication, in the same statement
+    monkeypatch.setattr(services, "leased_unit", lambda **kwargs: pytest.fail("the lease was looked up again"))
+    accepted = _client(device.token).post(f"/api/worker/units/{unit['id']}/result", form, format="multipart")
     monkeypatch.undo()
 
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if m != HOT]
-    full = [_answer(_send(*request)) for request in _result_requests(device, unit["id"], "not-a-token")]
+    full = [_answer(_send(*request)) for request in _result_requests(device, unit["id"], "not-a-token", theirs["id"])]
     full_accepted = _client(other.token).post(f"/api/worker/units/{theirs['id']}/result",
                                               _signed_form(other, theirs), format="multipart")
 
     assert hot == full
-    assert [answer[0] for answer in hot] == [400, 400, 400, 400, 400, 400, 415, 404, 401, 426], hot
+    assert [answer[0] for answer in hot] == [400, 400, 400, 400, 400, 400, 415, 404, 409, 401, 426], hot
+    assert hot[8][1]["error"]["code"] == "lease_lost"
     assert accepted.status_code == full_accepted.status_code == 201, (accepted.content, full_accepted.content)
     mine, theirs_answer = accepted.json(), full_accepted.json()
     assert mine.keys() == theirs_answer.keys() and mine["unit"] == unit["id"]
