@@ -169,3 +169,28 @@ def _numbered(statement: str) -> tuple[str, list[str]]:
         return f"${names.index(match[1]) + 1}"
 
     return re.sub(r"%\((\w+)\)s", number, statement).replace("%%", "%"), names
+
+
+def test_prepared_statements_read_timestamps_as_the_orm_does_with_the_compiled_loader(customer, contributor):
+    """muninn/sql.py puts psycopg's compiled timestamp loader on its cursor (Django's is pure Python): the values and
+    their tzinfo are the ORM's own."""
+    from datetime import timezone
+
+    from muninn import sql
+    from psycopg.types.datetime import TimestamptzLoader
+
+    from contributors.models import Device
+
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
+    device = register_device(contributor)
+    Device.objects.filter(pk=device.pk).update(last_seen_at="2026-11-28T16:39:49.123456+00:00")
+    orm = Device.objects.values_list("created_at", "last_seen_at", "quarantined_at").get(pk=device.pk)
+
+    read = sql.fetch_one(f"SELECT created_at, last_seen_at, quarantined_at FROM {sql.table(Device)} WHERE id = %s",
+                         [device.pk])
+
+    assert read == orm and read[2] is None
+    assert all(value.tzinfo is timezone.utc for value in read[:2])
+    loader = connection._muninn_prepared.adapters.get_loader(1184, 0)  # timestamptz, text
+    assert loader.__module__.startswith("psycopg_binary") and loader is not TimestamptzLoader
