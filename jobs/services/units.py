@@ -2,6 +2,7 @@
 backoff; how a unit trains (its steps, its samples)."""
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from datetime import timedelta
@@ -62,14 +63,13 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     and job), updated in place rather than read again."""
     if unit is None:
         unit = WorkUnit.objects.select_related("round__job").get(pk=unit_id)
-    rnd = round_locked(unit.round_id)
     now = timezone.now()
     fields = {"status": WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED,
               "accepted_at": None if verify else now, "result_sha256": result_sha256, "result_samples": samples,
               "result_metrics": metrics, "lease_expires_at": None, "submitted_at": now}
     # One conditional update: still leased to this lease, in a round still open (the round's lock is held).
-    if rnd.status != Round.Status.OPEN or not sql.update(WorkUnit, fields, id=unit_id, status=WorkUnit.Status.LEASED,
-                                                         lease_token=lease_token):
+    rnd, updated = _round_locked_unit_updated(unit.round_id, fields, unit_id=unit_id, lease_token=lease_token)
+    if not updated:
         _refuse_accept(WorkUnit.objects.get(pk=unit_id), rnd)
     for field, value in fields.items():
         setattr(unit, field, value)
@@ -85,6 +85,35 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     rnd.job = job
     unit.round = rnd
     return unit, complete
+
+
+def _round_locked_unit_updated(round_id: int, fields: dict, *, unit_id: int, lease_token) -> tuple[Round, bool]:
+    """The round, locked (round_locked), and whether the unit, still leased under `lease_token` in that round while
+    it is open, was updated with `fields`. On PostgreSQL in one statement: one round trip less under the round's
+    lock, which every result of the round waits on. Its lock is taken before the unit's condition is tested (the
+    condition reads the locked row), and it reads the round as committed when the lock was granted, as a statement
+    of its own would (READ COMMITTED re-reads a row it waited for); a unit changed meanwhile is tested as it is
+    now, as an UPDATE after a wait always is."""
+    where = {"id": unit_id, "status": WorkUnit.Status.LEASED, "lease_token": lease_token}
+    if connection.vendor != "postgresql":
+        rnd = round_locked(round_id)
+        return rnd, rnd.status == Round.Status.OPEN and bool(sql.update(WorkUnit, fields, **where))
+    params = [round_id, *(sql.value(WorkUnit, f, v) for f, v in fields.items()),
+              *(sql.value(WorkUnit, f, v) for f, v in where.items()), Round.Status.OPEN]
+    row = sql.fetch_one(_round_locked_unit_updated_sql(tuple(fields)), params)
+    if row is None:
+        raise Round.DoesNotExist(f"There is no round {round_id}.")
+    return sql.instance(Round, row[:-1]), bool(row[-1])
+
+
+@functools.cache
+def _round_locked_unit_updated_sql(columns_set: tuple[str, ...]) -> str:
+    name = connection.ops.quote_name
+    column = lambda field: name(WorkUnit._meta.get_field(field).column)  # noqa: E731
+    return (f"WITH r AS (SELECT {sql.columns(Round)} FROM {sql.table(Round)} WHERE id = %s FOR UPDATE), "
+            f"u AS (UPDATE {sql.table(WorkUnit)} SET {', '.join(f'{column(f)} = %s' for f in columns_set)} "
+            f"WHERE id = %s AND status = %s AND lease_token = %s AND (SELECT status FROM r) = %s RETURNING 1) "
+            "SELECT r.*, (SELECT count(*) FROM u) FROM r")
 
 
 def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:
