@@ -192,26 +192,5 @@ def test_prepared_statements_read_timestamps_as_the_orm_does_with_the_compiled_l
 
     assert read == orm and read[2] is None
     assert all(value.tzinfo is timezone.utc for value in read[:2])
-    for cursor in connection._muninn_prepared.values():  # one per statement text
-        loader = cursor.adapters.get_loader(1184, 0)  # timestamptz, text
-        assert loader.__module__.startswith("psycopg_binary") and loader is not TimestamptzLoader
-
-
-def test_a_statement_run_again_after_another_keeps_psycopgs_per_query_state(customer, contributor):
-    """muninn/sql.py keeps a cursor per statement text, so that psycopg keeps the dumpers and loaders it found for a
-    query (its Transformer) from one execution to the next, though other statements ran between."""
-    from muninn import sql
-
-    from contributors.models import Device
-
-    if connection.vendor != "postgresql":
-        pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
-    device = register_device(contributor)
-    by_id = f"SELECT id, created_at FROM {sql.table(Device)} WHERE id = %s"
-    other = f"SELECT name FROM {sql.table(Device)} WHERE id = %s"
-
-    first = sql.fetch_one(by_id, [device.pk])
-    state = connection._muninn_prepared[by_id]._tx
-    assert sql.fetch_one(other, [device.pk]) == (device.name,)
-    assert sql.fetch_one(by_id, [device.pk]) == first
-    assert connection._muninn_prepared[by_id]._tx is state
+    loader = connection._muninn_prepared.adapters.get_loader(1184, 0)  # timestamptz, text
+    assert loader.__module__.startswith("psycopg_binary") and loader is not TimestamptzLoader

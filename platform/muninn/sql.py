@@ -135,10 +135,8 @@ def _run(statement: str, params, read, *, prepared: bool = True):
     """Run the statement through Django's cursor wrapper (errors translated to django.db's, queries captured where
     Django captures them) and return `read(cursor)`. On PostgreSQL the cursor under it binds on the server and
     prepares every statement it runs (psycopg keeps up to `prepared_max`, 100, per connection; the hot path has
-    about twenty texts), and it is one cursor per statement text and connection, kept open: making a psycopg cursor
-    per execution (its adapters copied, Django's connection proxy read half a dozen times) was ~5 % of the web's CPU
-    under load, and one cursor shared by every text lost psycopg's per-query state at each change of text (the
-    parameters' dumpers and the columns' loaders, looked up again for every execution: ~4 % of the web's CPU).
+    about twenty texts), and it is one cursor per connection, kept open: making a psycopg cursor per statement
+    (its adapters copied, Django's connection proxy read half a dozen times) was ~5 % of the web's CPU under load.
     `prepared` False: Django's own cursor, which binds on the client (planned on every run)."""
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor != "postgresql" or not prepared:
@@ -147,31 +145,13 @@ def _run(statement: str, params, read, *, prepared: bool = True):
             return read(cursor)
     db.close_if_health_check_failed()
     db.ensure_connection()
-    kept = db.__dict__.get("_muninn_prepared")
-    if kept is None or kept.connection is not db.connection:
-        kept = db._muninn_prepared = _Cursors(db.connection)
-    raw = kept.get(statement)
-    if raw is None or raw.closed:
-        if len(kept) >= CURSORS_KEPT:  # texts that vary (a list's length written in): start again
-            kept.clear()
-        raw = kept[statement] = _prepared_cursor_class()(db.connection)
+    raw = db.__dict__.get("_muninn_prepared")
+    if raw is None or raw.connection is not db.connection or raw.closed:
+        raw = db._muninn_prepared = _prepared_cursor_class()(db.connection)
         _compiled_timestamps(raw, db)
-    cursor = db._prepare_cursor(raw)  # not closed after: the text's next execution on this connection reuses it
+    cursor = db._prepare_cursor(raw)  # not closed after: the next statement on this connection reuses it
     cursor.execute(statement, params)
     return read(cursor)
-
-
-CURSORS_KEPT = 64  # statement texts per connection with a cursor of their own (the hot path has about twenty)
-
-
-class _Cursors(dict):
-    """{statement text: its psycopg cursor} for one connection. psycopg keeps a query's dumpers and loaders
-    while a cursor runs the same query object again (the texts here are written once, so they are the same
-    objects)."""
-
-    def __init__(self, connection):
-        super().__init__()
-        self.connection = connection
 
 
 def _compiled_timestamps(cursor, db) -> None:
