@@ -322,9 +322,10 @@ REFERENCES_KEPT = 8  # rounds; only weights storage.blob_get_cached keeps (≤ 8
 
 def _reference(sha256: str, data: bytes) -> dict:
     """The round's global weights decoded, shared by every result of the round this process checks: decoding them
-    for each result was ~5 % of the web's CPU under bench/load.py. Blobs are named by their content, so a kept copy is
-    never stale. READ ONLY: every check reads it (codec.decode_update makes new tensors; _check_model copies it into
-    its own), and tests/test_results_reference.py holds that to a result's whole path."""
+    for each result was 2.7 % of the web's CPU under bench/load.py (py-spy). Blobs are named by their content, so
+    a kept copy is never stale. READ ONLY: every check reads it (codec.decode_update makes new tensors;
+    _check_model copies it into its own), and tests/test_results_reference.py holds that to a result's whole
+    path."""
     with _REFERENCES_LOCK:
         found = _REFERENCES.get(sha256)
         if found is not None:

@@ -100,20 +100,18 @@ def _round_locked_unit_updated(round_id: int, fields: dict, *, unit_id: int, lea
         return rnd, rnd.status == Round.Status.OPEN and bool(sql.update(WorkUnit, fields, **where))
     params = [round_id, *(sql.value(WorkUnit, f, v) for f, v in fields.items()),
               *(sql.value(WorkUnit, f, v) for f, v in where.items()), Round.Status.OPEN]
-    row = sql.fetch_one(_round_locked_unit_updated_sql(tuple(fields)), params)
+    row = sql.fetch_one(_round_locked_unit_updated_sql(tuple(fields), tuple(where)), params)
     if row is None:
         raise Round.DoesNotExist(f"There is no round {round_id}.")
     return sql.instance(Round, row[:-1]), bool(row[-1])
 
 
 @functools.cache
-def _round_locked_unit_updated_sql(columns_set: tuple[str, ...]) -> str:
-    name = connection.ops.quote_name
-    column = lambda field: name(WorkUnit._meta.get_field(field).column)  # noqa: E731
+def _round_locked_unit_updated_sql(columns_set: tuple[str, ...], columns_where: tuple[str, ...]) -> str:
+    """sql.update's statement for the unit, as the WITH of the round's lock, and only while the round is open."""
     return (f"WITH r AS (SELECT {sql.columns(Round)} FROM {sql.table(Round)} WHERE id = %s FOR UPDATE), "
-            f"u AS (UPDATE {sql.table(WorkUnit)} SET {', '.join(f'{column(f)} = %s' for f in columns_set)} "
-            f"WHERE id = %s AND status = %s AND lease_token = %s AND (SELECT status FROM r) = %s RETURNING 1) "
-            "SELECT r.*, (SELECT count(*) FROM u) FROM r")
+            f"u AS ({sql.update_sql(WorkUnit, columns_set, columns_where)} AND (SELECT status FROM r) = %s "
+            "RETURNING 1) SELECT r.*, (SELECT count(*) FROM u) FROM r")
 
 
 def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:

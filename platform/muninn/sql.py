@@ -107,11 +107,12 @@ def update(model, values: dict, **where) -> int:
     """UPDATE the model's rows matching `where` (each column equal to a value, none of them None) with `values`
     (None: NULL). Returns how many rows changed. The statement's text is cached by its columns."""
     params = [value(model, f, v) for f, v in values.items()] + [value(model, f, v) for f, v in where.items()]
-    return execute(_update_sql(model, tuple(values), tuple(where)), params)
+    return execute(update_sql(model, tuple(values), tuple(where)), params)
 
 
 @functools.cache
-def _update_sql(model, columns_set: tuple[str, ...], columns_where: tuple[str, ...]) -> str:
+def update_sql(model, columns_set: tuple[str, ...], columns_where: tuple[str, ...]) -> str:
+    """`update`'s statement: its parameters are the values set, then those compared, each in the order given."""
     name = connection.ops.quote_name
     column = lambda field: name(model._meta.get_field(field).column)  # noqa: E731
     return (f"UPDATE {table(model)} SET {', '.join(f'{column(f)} = %s' for f in columns_set)} "
