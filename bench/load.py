@@ -62,7 +62,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 
 from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
 from machine import yardstick_s  # noqa: E402
-from load_world import World, build_world, environment, recreate_database  # noqa: E402
+from load_world import World, build_world, environment, recreate_database, top_up  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
 
@@ -99,6 +99,7 @@ def main() -> int:
         web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
         phases = {}
         for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
+            top_up(world)  # each phase starts with the world's queue (the first: as built)
             before = _cpu_seconds(web_pid, options.database_url)
             logged = access_log.stat().st_size if options.server_times else 0
             phases[phase] = asyncio.run(_drive(url, world, options, rate=rate))
@@ -449,7 +450,8 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
             credit: dict, yardstick: float) -> None:
     load = os.getloadavg()
     print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
-          f"{world.units:,} queued units, set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
+          f"{world.units:,} queued units at the start of each phase ({world.topped_up} jobs added before the "
+          f"paced one), set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
           f"{options.threads} threads; {options.heartbeats} heartbeat(s) per unit; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; the machine's yardstick "
           f"{yardstick:.3f} s (bench/machine.py)")

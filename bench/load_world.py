@@ -53,6 +53,9 @@ class World:
     jobs: int
     units: int
     setup_s: float
+    customer_id: int = 0
+    dataset_id: int = 0
+    topped_up: int = 0  # jobs added since, to bring the queue back to `units` before a phase (top_up)
 
 
 def build_world(url: str, options: argparse.Namespace) -> World:
@@ -82,18 +85,47 @@ def build_world(url: str, options: argparse.Namespace) -> World:
     Device.objects.update(**veteran, samples_per_s=1000.0)
 
     dataset = jobs.dataset_create(owner=customer, filename="digits.npz", data=digits_npz())
-    job_count = 0
-    while WorkUnit.objects.filter(status=WorkUnit.Status.QUEUED).count() < options.units:
-        Device.objects.update(last_seen_at=datetime.now(UTC))  # the devices are polling: all online
-        job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams=JOB_HPARAMS, rounds=1,
-                              seed=job_count)
-        jobs.job_start(job_id=job.pk)  # holds the quote and opens round 1: one unit per online device
-        job_count += 1
+    job_count = _queue(options.units, customer, dataset, first_seed=0)
     celery_app.conf.task_always_eager = False
     with connection.cursor() as cursor:  # as autovacuum would have by now on a live site: fresh planner stats
         cursor.execute("ANALYZE")
     units = WorkUnit.objects.filter(status=WorkUnit.Status.QUEUED).count()
-    return World(devices, job_count, units, time.perf_counter() - started)
+    return World(devices, job_count, units, time.perf_counter() - started, customer.pk, dataset.pk)
+
+
+def top_up(world: World) -> int:
+    """More jobs of the same shape, until the queue holds `world.units` queued units again (what it held when the
+    world was built): each phase starts from the same world, where a fast saturated phase would otherwise leave
+    the next one too few units to last it (claims answered 204 are cheaper than the work they stand for). Returns
+    the jobs added."""
+    from accounts.models import User
+    from jobs.models import Dataset
+    from muninn.celery import app as celery_app
+
+    customer, dataset = User.objects.get(pk=world.customer_id), Dataset.objects.get(pk=world.dataset_id)
+    celery_app.conf.task_always_eager = True
+    try:
+        added = _queue(world.units, customer, dataset, first_seed=world.jobs + world.topped_up)
+    finally:
+        celery_app.conf.task_always_eager = False
+    world.topped_up += added
+    return added
+
+
+def _queue(units: int, customer, dataset, *, first_seed: int) -> int:
+    """Jobs started (round 1 open: one unit per online device) until `units` units are queued; how many."""
+    from contributors.models import Device
+    from jobs import services as jobs
+    from jobs.models import WorkUnit
+
+    job_count = 0
+    while WorkUnit.objects.filter(status=WorkUnit.Status.QUEUED).count() < units:
+        Device.objects.update(last_seen_at=datetime.now(UTC))  # the devices are polling: all online
+        job = jobs.job_create(owner=customer, dataset=dataset, template="mlp", hparams=JOB_HPARAMS, rounds=1,
+                              seed=first_seed + job_count)
+        jobs.job_start(job_id=job.pk)  # holds the quote and opens round 1: one unit per online device
+        job_count += 1
+    return job_count
 
 
 async def _register(url: str, account_token: str, keys: list[str]) -> list[dict]:
