@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import torch
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection
 from django.utils import timezone
 from muninn_worker import segments, tensors, training, zoo
 
@@ -200,41 +200,43 @@ def _live_receipt(device: Device, unit_id: int, output_sha: str,
 def _accept(*, device: Device, unit: WorkUnit, lease: Lease, receipt: dict, signature: str, evidence: dict,
             output_sha: str, result_sha: str, metrics: dict, verify: bool, challenged: list[int],
             checkpoint_blobs: dict) -> Receipt:
-    """Store the receipt and accept the unit in one transaction. The receipt goes first: unit_accept takes the
-    round's lock, which every result of the round waits on until this transaction commits, so nothing that need
-    not be under it is. A concurrent delivery of the same result that committed its receipt first makes this
-    insert fail on the unit's one live receipt (a Conflict, as unit_accept would raise)."""
+    """Store the receipt and accept the unit in one transaction (jobs.unit_accept_with: on PostgreSQL one round
+    trip, so that the round's lock, which every result of the round waits on, is held for the database's time
+    alone). A concurrent delivery of the same result that committed first makes this one a Conflict: the unit is
+    no longer leased, or its one live receipt is taken (the insert fails on the constraint)."""
+    stored = Receipt(
+        unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
+        status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, credit_pending=not verify,
+        payload=_jsonable(receipt),
+        weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
+        output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
+        loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
+        train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
+        finished_at=receipt["finished_at"], segment_steps=receipt["segment_steps"],
+        checkpoints=receipt["checkpoints"], challenge_segments=challenged,
+        checkpoint_blobs=checkpoint_blobs,
+        challenge_deadline=(timezone.now() + timezone.timedelta(seconds=settings.MUNINN_CHALLENGE_SECONDS)
+                            if challenged else None),
+    )
+    failpoint("result.before_commit")  # checked and its blobs stored; nothing of it committed
     try:
-        with transaction.atomic():
-            stored = sql.insert(Receipt(  # a statement written once (muninn/sql.py): every result stores one
-                unit=unit, device=device, lease=lease, signature=signature, verification=evidence,
-                status=Receipt.Status.PENDING if verify else Receipt.Status.ACCEPTED, credit_pending=not verify,
-                payload=_jsonable(receipt),
-                weights_sha256=receipt["weights_sha256"], shard_sha256=receipt["shard_sha256"],
-                output_sha256=output_sha, samples=receipt["samples"], steps=receipt["steps"],
-                loss_before=receipt["loss_before"], loss_after=receipt["loss_after"],
-                train_seconds=receipt["train_seconds"], started_at=receipt["started_at"],
-                finished_at=receipt["finished_at"], segment_steps=receipt["segment_steps"],
-                checkpoints=receipt["checkpoints"], challenge_segments=challenged,
-                checkpoint_blobs=checkpoint_blobs,
-                challenge_deadline=(timezone.now() + timezone.timedelta(seconds=settings.MUNINN_CHALLENGE_SECONDS)
-                                    if challenged else None),
-            ))
-            unit, round_complete = jobs.unit_accept(unit_id=unit.pk, lease_token=lease.token,
-                                                    result_sha256=result_sha, samples=receipt["samples"],
-                                                    metrics=metrics, verify=verify, unit=unit)
-            if verify and (not challenged  # a diverged result: the validator re-trains the unit whole, at once
-                           or not challenges.missing_boundaries(stored)):  # every checkpoint came along
-                reexecution_due.send(sender=Receipt, unit_id=unit.pk)
-            elif not verify:  # charged off the request, in a batch per job (contributors.credit)
-                credit_on_commit(unit.round.job_id)
-            if round_complete:
-                aggregate_on_commit(unit.round_id)
-            failpoint("result.before_commit")
+        unit, round_complete = jobs.unit_accept_with(stored, unit=unit, lease_token=lease.token,
+                                                     result_sha256=result_sha, samples=receipt["samples"],
+                                                     metrics=metrics, verify=verify)
     except IntegrityError:
         if not Receipt.objects.filter(unit_id=unit.pk, status__in=LIVE).exists():
             raise
         raise Conflict("This unit already has a result.", code="already_done") from None
+    stored.unit = unit
+    # Committed: what follows is queued now (each receiver's transaction.on_commit runs at once, or at the commit
+    # of a caller's transaction).
+    if verify and (not challenged  # a diverged result: the validator re-trains the unit whole, at once
+                   or not challenges.missing_boundaries(stored)):  # every checkpoint came along
+        reexecution_due.send(sender=Receipt, unit_id=unit.pk)
+    elif not verify:  # charged off the request, in a batch per job (contributors.credit)
+        credit_on_commit(unit.round.job_id)
+    if round_complete:
+        aggregate_on_commit(unit.round_id)
     return stored
 
 

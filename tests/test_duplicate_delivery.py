@@ -1,36 +1,30 @@
 """The same signed upload delivered twice at once (a client that timed out and sent it again while the site was
 still checking the first): one receipt, one credit, the same answer to both, and nothing held against the device.
-The first delivery is held just before it commits (a failpoint), so the second meets it there every time."""
+The round's lock is held while both are sent, so both meet in the database every time: one acceptance waits on the
+other's (jobs.unit_accept_with)."""
 from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
-import muninn.failpoints
 from billing.models import Transaction
 from contributors import results
 from contributors.models import DeviceEvent, Receipt
 from jobs import storage
+from jobs.models import Round, WorkUnit
 from muninn_worker import signing
-from muninn_worker.failpoints import Failpoints
 
+from .test_round_concurrency import waiting_for_a_lock
 from .test_spine import create_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def first_delivery_pauses_before_commit(monkeypatch):
-    monkeypatch.setattr(muninn.failpoints, "_site", Failpoints(
-        "MUNINN_FAILPOINTS", environ={"MUNINN_FAILPOINTS": "result.before_commit=1*sleep:3"}))
-
-
 def test_a_result_delivered_twice_at_once_gets_one_receipt_and_the_same_answer(
-        customer_api, digits_dataset, make_device, first_delivery_pauses_before_commit):
+        customer_api, digits_dataset, make_device):
     if connection.vendor != "postgresql":
         pytest.fail("needs PostgreSQL (row locks between two requests): run it through `make test`")
     # answer=False: the simulated device answers a challenge by uploading its checkpoints as soon as it has the
@@ -39,7 +33,17 @@ def test_a_result_delivered_twice_at_once_gets_one_receipt_and_the_same_answer(
     create_job(customer_api, digits_dataset["id"], rounds=2)
     unit = device.claim()
     weights, receipt = device.train(unit)
-    answers = {}
+    round_id = WorkUnit.objects.get(pk=unit["id"]).round_id
+    answers, held, release = {}, threading.Event(), threading.Event()
+
+    def hold_the_round() -> None:  # as an aggregation or another result of the round holds it
+        try:
+            with transaction.atomic():
+                Round.objects.select_for_update().get(pk=round_id)
+                held.set()
+                release.wait(60)
+        finally:
+            connection.close()
 
     def deliver(key: str) -> None:
         try:
@@ -47,20 +51,25 @@ def test_a_result_delivered_twice_at_once_gets_one_receipt_and_the_same_answer(
         finally:
             connection.close()
 
-    first = threading.Thread(target=deliver, args=("first",))
-    first.start()
-    paused = muninn.failpoints._site._actions["result.before_commit"]
-    deadline = time.monotonic() + 60
-    while paused.remaining and first.is_alive():  # until the first delivery holds the unit, uncommitted
-        assert time.monotonic() < deadline, "the first delivery never reached its commit"
-        time.sleep(0.01)
-    deliver("again")
-    first.join()
+    holder = threading.Thread(target=hold_the_round)
+    holder.start()
+    assert held.wait(30)
+    deliveries = [threading.Thread(target=deliver, args=(key,)) for key in ("first", "again")]
+    for thread in deliveries:
+        thread.start()
+    try:
+        waiting_for_a_lock(2, timeout=60)  # both checked, and both acceptances waiting on the round
+    finally:
+        release.set()
+        holder.join()
+        for thread in deliveries:
+            thread.join(timeout=60)
 
     assert answers["first"].status_code == 201, answers["first"].content
     assert answers["again"].status_code == 201, answers["again"].content
     assert answers["again"].json() == answers["first"].json()
     assert Receipt.objects.filter(unit_id=unit["id"]).count() == 1
+    assert Round.objects.get(pk=round_id).arrivals == 1
     assert Transaction.objects.filter(kind=Transaction.Kind.CHARGE, unit_id=unit["id"]).count() <= 1
     assert not DeviceEvent.objects.filter(device=device.device).exists()
 

@@ -24,7 +24,8 @@ from .leases import (
     units_held, unit_lease, unit_heartbeat_holder, unit_heartbeat, units_requeue_expired, leases_expire,
 )
 from .units import (
-    unit_train_spec, unit_steps, unit_work_samples, SUPERSEDED, unit_accept, unit_verified, units_verified,
+    unit_train_spec, unit_steps, unit_work_samples, SUPERSEDED, unit_accept, unit_accept_with, unit_verified,
+    units_verified,
     unit_backoff_seconds, unit_give_back, unit_release, unit_reject, units_flag, units_unflag,
 )
 from .waiting import jobs_check_waiting
@@ -65,6 +66,7 @@ __all__ = [
     "unit_work_samples",
     "SUPERSEDED",
     "unit_accept",
+    "unit_accept_with",
     "units_flag",
     "units_unflag",
     "unit_verified",

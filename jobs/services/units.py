@@ -19,7 +19,8 @@ from muninn.errors import Conflict
 from .. import wakeups
 from ..models import Round, WorkUnit
 
-from .rounds import _round_complete, _round_reschedule, round_locked
+from .rounds import (_round_arrival_statement, _round_complete, _round_deadlines_moved, _round_reschedule,
+                     round_locked)
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,7 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     if unit is None:
         unit = WorkUnit.objects.select_related("round__job").get(pk=unit_id)
     now = timezone.now()
-    fields = {"status": WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED,
-              "accepted_at": None if verify else now, "result_sha256": result_sha256, "result_samples": samples,
-              "result_metrics": metrics, "lease_expires_at": None, "submitted_at": now}
+    fields = _accepted_fields(verify=verify, now=now, result_sha256=result_sha256, samples=samples, metrics=metrics)
     # One conditional update: still leased to this lease, in a round still open (the round's lock is held).
     rnd, updated = _round_locked_unit_updated(unit.round_id, fields, unit_id=unit_id, lease_token=lease_token)
     if not updated:
@@ -85,6 +84,75 @@ def unit_accept(*, unit_id: int, lease_token: uuid.UUID, result_sha256: str, sam
     rnd.job = job
     unit.round = rnd
     return unit, complete
+
+
+# What unit_accept_with's first statement leaves for the statements after it in its transaction: whether the unit was
+# accepted (a setting local to the transaction, gone at its end; NULL or '' in any other).
+ACCEPTED_HERE = "current_setting('muninn.unit_accepted', true) = '1'"
+
+
+def unit_accept_with(row, *, unit: WorkUnit, lease_token: uuid.UUID, result_sha256: str, samples: int, metrics: dict,
+                     verify: bool = False) -> tuple[WorkUnit, bool]:
+    """unit_accept, and `row` (a new model instance: the result's receipt; or None) inserted in the same
+    transaction; `row.pk` is set. `unit`: as the caller loaded it, with its round and job. Conflict (nothing
+    written) when the unit cannot be accepted; a database error (nothing written) when `row` cannot be inserted.
+
+    On PostgreSQL the acceptance is four statements sent together with their BEGIN and COMMIT (sql.run_together):
+    the round locked and the unit updated (only while leased under `lease_token` in that round while it is open,
+    which the statement records in ACCEPTED_HERE), the original's arrival for a backup, the round's statistic (and
+    the copies' cancellation and the round-complete test), and `row`, each of the last three only when the unit was
+    accepted. Each statement reads the database as it is when it runs, after the lock (READ COMMITTED), as separate
+    round trips would; but the round's lock, which every result of the round waits on, is held for the server's
+    time alone: under bench/load.py it was held through two round trips and the GIL waits before each, and the
+    results of the round queued on it. The deadlines are moved after the commit (_round_deadlines_moved).
+    Elsewhere: `row` inserted, then unit_accept, in one transaction."""
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            if row is not None:
+                sql.insert(row)
+            return unit_accept(unit_id=unit.pk, lease_token=lease_token, result_sha256=result_sha256,
+                               samples=samples, metrics=metrics, verify=verify, unit=unit)
+    now = timezone.now()
+    fields = _accepted_fields(verify=verify, now=now, result_sha256=result_sha256, samples=samples, metrics=metrics)
+    where = {"id": unit.pk, "status": WorkUnit.Status.LEASED, "lease_token": lease_token}
+    statements = [(_round_locked_unit_updated_sql(tuple(fields), tuple(where), flagged=True),
+                   [unit.round_id, *(sql.value(WorkUnit, f, v) for f, v in fields.items()),
+                    *(sql.value(WorkUnit, f, v) for f, v in where.items()), Round.Status.OPEN])]
+    if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
+        statements.append((_original_arrived_sql(), [sql.value(WorkUnit, "submitted_at", now), unit.backup_of_id]))
+    copies = None if verify else _cancel_copies_statement(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
+    statements.append(_round_arrival_statement(unit.round, now, unit=unit, when=ACCEPTED_HERE,
+                                               complete=not verify, cancelling=copies))
+    if row is not None:
+        statements.append(sql.insert_when(row, ACCEPTED_HERE))
+    found = sql.run_together(statements)
+    if not found[0]:
+        raise Round.DoesNotExist(f"There is no round {unit.round_id}.")
+    rnd, updated = sql.instance(Round, found[0][0][:-2]), bool(found[0][0][-2])
+    if not updated:
+        _refuse_accept(WorkUnit.objects.get(pk=unit.pk), rnd)
+    if row is not None:
+        row.pk = found.pop()[0][0]
+        row._state.adding, row._state.db = False, connection.alias
+    for field, value in fields.items():
+        setattr(unit, field, value)
+    complete = not verify and bool(found[-1][0][0])
+    _round_deadlines_moved(rnd, now, unit=unit)
+    rnd.job = unit.round.job
+    unit.round = rnd
+    return unit, complete
+
+
+def _accepted_fields(*, verify: bool, now, result_sha256: str, samples: int, metrics: dict) -> dict:
+    return {"status": WorkUnit.Status.VERIFYING if verify else WorkUnit.Status.ACCEPTED,
+            "accepted_at": None if verify else now, "result_sha256": result_sha256, "result_samples": samples,
+            "result_metrics": metrics, "lease_expires_at": None, "submitted_at": now}
+
+
+@functools.cache
+def _original_arrived_sql() -> str:
+    return (f"UPDATE {sql.table(WorkUnit)} SET submitted_at = %s WHERE id = %s AND submitted_at IS NULL "
+            f"AND {ACCEPTED_HERE}")
 
 
 def _round_locked_unit_updated(round_id: int, fields: dict, *, unit_id: int, lease_token) -> tuple[Round, bool]:
@@ -107,11 +175,14 @@ def _round_locked_unit_updated(round_id: int, fields: dict, *, unit_id: int, lea
 
 
 @functools.cache
-def _round_locked_unit_updated_sql(columns_set: tuple[str, ...], columns_where: tuple[str, ...]) -> str:
-    """sql.update's statement for the unit, as the WITH of the round's lock, and only while the round is open."""
+def _round_locked_unit_updated_sql(columns_set: tuple[str, ...], columns_where: tuple[str, ...], *,
+                                   flagged: bool = False) -> str:
+    """sql.update's statement for the unit, as the WITH of the round's lock, and only while the round is open.
+    `flagged`: whether it was updated is also left in ACCEPTED_HERE for the transaction's next statements."""
+    flag = ", set_config('muninn.unit_accepted', (SELECT count(*) FROM u)::text, true)" if flagged else ""
     return (f"WITH r AS (SELECT {sql.columns(Round)} FROM {sql.table(Round)} WHERE id = %s FOR UPDATE), "
             f"u AS ({sql.update_sql(WorkUnit, columns_set, columns_where)} AND (SELECT status FROM r) = %s "
-            "RETURNING 1) SELECT r.*, (SELECT count(*) FROM u) FROM r")
+            f"RETURNING 1) SELECT r.*, (SELECT count(*) FROM u){flag} FROM r")
 
 
 def _refuse_accept(unit: WorkUnit, rnd: Round) -> None:

@@ -5,7 +5,7 @@ or restart something; unset (always, outside that suite) each call is one dictio
 
     aggregate.before_commit   jobs.services.round_aggregate: the new global model is computed, not yet committed
     verify.before_commit      contributors.verification.unit_verify: re-executed, the verdict not yet committed
-    result.before_commit      contributors.results: a device's result accepted, not yet committed
+    result.before_commit      contributors.results: a device's result checked, its acceptance not yet sent
     credit.before_commit      contributors.credit: a batch of accepted units charged, not yet committed
     claim.before_lease_row    contributors.services.unit_claim: a unit leased, its Lease row not yet written
 """

@@ -103,6 +103,29 @@ def _insert_sql(model, unflushed_on: str = "") -> str:
             f"{unflushed(unflushed_on) if unflushed_on else ''}")
 
 
+def insert_when(obj, condition: str) -> tuple[str, list]:
+    """`insert`'s statement and parameters for `obj`, made to insert it only when `condition` (SQL, read when the
+    statement runs) holds: for run_together, where a statement cannot wait on what the one before it returned. Its
+    RETURNING gives the new id, or no row. PostgreSQL only (each value cast to its column's type: a SELECT's
+    parameters are not typed by the columns they go to)."""
+    model, db = type(obj), connections[DEFAULT_DB_ALIAS]
+    fields = _insert_fields(model)
+    return _insert_when_sql(model, condition), [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields]
+
+
+@functools.cache
+def _insert_when_sql(model, condition: str) -> str:
+    import re
+
+    name = connection.ops.quote_name
+    fields = _insert_fields(model)
+    # varchar(n) cast as varchar: a cast cuts a longer string short, where the column refuses it
+    casts = [re.sub(r"^varchar\(\d+\)$", "varchar", f.cast_db_type(connection)) for f in fields]
+    return (f"INSERT INTO {table(model)} ({', '.join(name(f.column) for f in fields)}) "
+            f"SELECT {', '.join(f'%s::{cast}' for cast in casts)} WHERE {condition} "
+            f"RETURNING {name(model._meta.pk.column)}")
+
+
 def update(model, values: dict, **where) -> int:
     """UPDATE the model's rows matching `where` (each column equal to a value, none of them None) with `values`
     (None: NULL). Returns how many rows changed. The statement's text is cached by its columns."""
@@ -130,6 +153,58 @@ def fetch_all(statement: str, params, *, planned_each_time: bool = False) -> lis
     took 1.7 ms a lookup once bench/load.py had written 5,000 receipts."""
     return _run(statement, params, lambda cursor: [tuple(row) for row in cursor.fetchall()],
                 prepared=not planned_each_time)
+
+
+def run_together(statements: list[tuple[str, list]]) -> list[list[tuple]]:
+    """Run the statements, in order, in one transaction; each one's rows. On PostgreSQL outside a caller's
+    transaction, all of them go to the server at once with their BEGIN and COMMIT, and come back in one round trip
+    (psycopg's pipeline mode): a transaction that takes a lock many requests wait on (an acceptance, its round's)
+    then holds it for the server's own time, not for a round trip and a wait for this process's GIL between each
+    two statements and before the COMMIT. A statement therefore cannot depend on what the one before it returned,
+    only on what it did (a row it wrote, a transaction-local setting it made). Elsewhere (SQLite, or inside a
+    caller's transaction), one after another in a transaction of their own (a savepoint in the caller's). An error
+    rolls the whole transaction back and is raised as Django's (IntegrityError, ...)."""
+    from django.db import transaction
+    from psycopg.pq import TransactionStatus
+
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor != "postgresql" or db.in_atomic_block:
+        with transaction.atomic():
+            return [_run(statement, params, _rows) for statement, params in statements]
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    raw = db.connection
+    cursors = _pipeline_cursors(db, len(statements) + 1)
+    try:
+        with db.wrap_database_errors, raw.pipeline():
+            cursors[0].execute("BEGIN", prepare=False)
+            for cursor, (statement, params) in zip(cursors[1:], statements):
+                db._prepare_cursor(cursor).execute(statement, params)  # Django's wrapper: captured as its own are
+            cursors[0].execute("COMMIT", prepare=False)
+    except BaseException:
+        if not raw.closed and raw.info.transaction_status != TransactionStatus.IDLE:
+            with db.wrap_database_errors:
+                raw.rollback()  # the transaction an error aborted: its COMMIT was never run
+        raise
+    return [_rows(cursor) for cursor in cursors[1:]]
+
+
+def _rows(cursor) -> list[tuple]:
+    """A statement's rows; [] for one that returns none (an UPDATE without RETURNING)."""
+    return [tuple(row) for row in cursor.fetchall()] if cursor.description is not None else []
+
+
+def _pipeline_cursors(db, n: int) -> list:
+    """`n` raw cursors of this connection for run_together (a pipeline's results come back to the cursor that sent
+    each statement), kept with the connection as `_run`'s is."""
+    kept = db.__dict__.get("_muninn_pipeline")
+    if kept is None or kept[0].connection is not db.connection or kept[0].closed:
+        kept = db._muninn_pipeline = []
+    while len(kept) < n:
+        cursor = _prepared_cursor_class()(db.connection)
+        _compiled_timestamps(cursor, db)
+        kept.append(cursor)
+    return kept[:n]
 
 
 def _run(statement: str, params, read, *, prepared: bool = True):
