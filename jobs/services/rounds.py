@@ -247,12 +247,15 @@ def _round_arrival_statement(rnd: Round, now: datetime, *, unit: WorkUnit, when:
                              cancelling: tuple[str, list] | None = None) -> tuple[str, list]:
     """_round_reschedule's running statistic, with `unit`'s result arriving `now`, added to in SQL (arrivals + 1, the
     latest, its pace's bucket + 1) when `when` holds: for a statement sent before the round's row is read
-    (sql.run_together). The deadlines follow once it is read (_round_deadlines_moved). `rnd`: the round as read
-    before its lock (only its opening time is used). `complete` and `cancelling` as in _round_reschedule (PostgreSQL
-    only: a data-modifying WITH)."""
+    (sql.run_together). It moves the deadlines as far as this arrival's time alone says (they never fall before the
+    latest arrival: jobs/deadlines.py), and returns them; _round_deadlines_moved then finishes the job when the
+    median pace moved them too. `rnd`: the round as read before its lock (only its opening time is used). `complete`
+    and `cancelling` as in _round_reschedule (PostgreSQL only: a data-modifying WITH)."""
     came = deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds)
     bucket = str(deadlines.pace_bucket(*came)) if came.expected > 0 else None
-    params = [came.elapsed, came.elapsed, bucket, bucket, bucket, rnd.pk]
+    soft, hard = _deadlines(plan=deadlines.Plan(0.0, True), arrivals=deadlines.Arrivals(1, came.elapsed, {}))
+    params = [came.elapsed, came.elapsed, bucket, bucket, bucket, timedelta(seconds=soft), timedelta(seconds=hard),
+              rnd.pk]
     if not complete:
         return _arrival_sql(when, complete=False, cancelled=False), params
     params += [rnd.pk, *_UNFINISHED]
@@ -265,39 +268,41 @@ def _round_arrival_statement(rnd: Round, now: datetime, *, unit: WorkUnit, when:
 
 @functools.cache
 def _arrival_sql(when: str, *, complete: bool, cancelled: bool) -> str:
-    """deadlines.Arrivals.add, in SQL, on the round's row (its columns on the right are the row before the update)."""
+    """deadlines.Arrivals.add, in SQL, on the round's row (its columns on the right are the row before the update),
+    and the deadlines at least this arrival's; returns them (and, with `complete`, _round_complete's answer)."""
     name = lambda field: connection.ops.quote_name(Round._meta.get_field(field).column)  # noqa: E731
     count, latest, paces = name("arrivals"), name("latest_arrival_seconds"), name("arrival_paces")
+    soft, hard, opened = name("deadline_at"), name("close_at"), name("opened_at")
     statement = (f"UPDATE {sql.table(Round)} SET {count} = {count} + 1, "
                  f"{latest} = CASE WHEN {count} = 0 THEN %s ELSE GREATEST({latest}, %s) END, "
                  f"{paces} = CASE WHEN %s::text IS NULL THEN {paces} ELSE jsonb_set({paces}, ARRAY[%s::text], "
-                 f"to_jsonb(COALESCE(({paces} ->> %s::text)::int, 0) + 1)) END "
-                 f"WHERE id = %s AND {when}")
+                 f"to_jsonb(COALESCE(({paces} ->> %s::text)::int, 0) + 1)) END, "
+                 f"{soft} = GREATEST({soft}, {opened} + %s), {hard} = GREATEST({hard}, {opened} + %s) "
+                 f"WHERE id = %s AND {when} RETURNING {soft}, {hard}")
     if complete:
         left_out = " AND id NOT IN (SELECT id FROM cancelled)" if cancelled else ""
-        statement += (f" RETURNING NOT EXISTS (SELECT 1 FROM {sql.table(WorkUnit)} WHERE round_id = %s "
+        statement += (f", NOT EXISTS (SELECT 1 FROM {sql.table(WorkUnit)} WHERE round_id = %s "
                       f"AND status IN (%s, %s, %s){left_out})")
     return statement
 
 
-def _round_deadlines_moved(rnd: Round, now: datetime, *, unit: WorkUnit) -> None:
+def _round_deadlines_moved(rnd: Round, now: datetime, *, unit: WorkUnit, written: tuple) -> None:
     """After _round_arrival_statement has committed: `rnd` (the round as its lock found it, before the arrival)
-    given the arrival, as the database now has it, and its deadlines moved to what the arrivals say, by a statement
-    of its own outside the round's lock. That statement is left out when they did not move (most arrivals, once the
-    median pace has settled), and writes nothing when a later arrival has counted itself since (the later one's
-    deadlines stand). Committed without waiting for the disk: deadlines are recomputed from the statistic at every
-    arrival, so one lost in a crash costs nothing."""
+    given the arrival, as the database now has it, and its deadlines moved to what the arrivals say. `written`: the
+    deadlines that statement left. Only when they differ (the first arrival, or a median pace that moved: a few
+    arrivals of a round) does a statement of its own write them, outside the round's lock; it writes nothing when a
+    later arrival has counted itself since (the later one's deadlines stand). Committed without waiting for the
+    disk: the deadlines are recomputed from the statistic at every arrival, so one lost in a crash costs nothing."""
     seen = _round_arrivals(rnd).add(deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds))
     soft, hard = _deadlines(plan=deadlines.Plan(rnd.plan_seconds, rnd.plan_complete), arrivals=seen)
     rnd.arrivals, rnd.latest_arrival_seconds = seen.count, seen.latest
     rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
-    deadline_at, close_at = rnd.opened_at + timedelta(seconds=soft), rnd.opened_at + timedelta(seconds=hard)
-    if (deadline_at, close_at) == (rnd.deadline_at, rnd.close_at):
+    rnd.deadline_at, rnd.close_at = rnd.opened_at + timedelta(seconds=soft), rnd.opened_at + timedelta(seconds=hard)
+    if (rnd.deadline_at, rnd.close_at) == tuple(written):
         return
-    rnd.deadline_at, rnd.close_at = deadline_at, close_at
     vendor = "" if connection.in_atomic_block else connection.vendor
-    sql.execute(_deadlines_sql(vendor), [sql.value(Round, "deadline_at", deadline_at),
-                                         sql.value(Round, "close_at", close_at), rnd.pk, seen.count])
+    sql.execute(_deadlines_sql(vendor), [sql.value(Round, "deadline_at", rnd.deadline_at),
+                                         sql.value(Round, "close_at", rnd.close_at), rnd.pk, seen.count])
 
 
 @functools.cache

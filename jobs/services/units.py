@@ -104,7 +104,8 @@ def unit_accept_with(row, *, unit: WorkUnit, lease_token: uuid.UUID, result_sha2
     accepted. Each statement reads the database as it is when it runs, after the lock (READ COMMITTED), as separate
     round trips would; but the round's lock, which every result of the round waits on, is held for the server's
     time alone: under bench/load.py it was held through two round trips and the GIL waits before each, and the
-    results of the round queued on it. The deadlines are moved after the commit (_round_deadlines_moved).
+    results of the round queued on it. The arrival's statement moves the deadlines as far as its time alone says;
+    when the median pace moves them too (rarely), they are written after the commit (_round_deadlines_moved).
     Elsewhere: `row` inserted, then unit_accept, in one transaction."""
     if connection.vendor != "postgresql":
         with transaction.atomic():
@@ -136,8 +137,9 @@ def unit_accept_with(row, *, unit: WorkUnit, lease_token: uuid.UUID, result_sha2
         row._state.adding, row._state.db = False, connection.alias
     for field, value in fields.items():
         setattr(unit, field, value)
-    complete = not verify and bool(found[-1][0][0])
-    _round_deadlines_moved(rnd, now, unit=unit)
+    arrived = found[-1][0]  # the round's deadlines as the arrival left them (and whether it is complete)
+    complete = not verify and bool(arrived[2])
+    _round_deadlines_moved(rnd, now, unit=unit, written=arrived[:2])
     rnd.job = unit.round.job
     unit.round = rnd
     return unit, complete
