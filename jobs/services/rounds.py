@@ -221,14 +221,7 @@ def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None
     snapshot, from before that UPDATE: the units it returns are left out of the test by their ids."""
     if unit is None:
         unit = rnd.units.filter(submitted_at=now).order_by("id").first()
-    seen = _round_arrivals(rnd)
-    if unit is not None:
-        seen = seen.add(deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds))
-    soft, hard = _deadlines(plan=deadlines.Plan(rnd.plan_seconds, rnd.plan_complete), arrivals=seen)
-    rnd.arrivals, rnd.latest_arrival_seconds = seen.count, seen.latest
-    rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
-    rnd.deadline_at = rnd.opened_at + timedelta(seconds=soft)
-    rnd.close_at = rnd.opened_at + timedelta(seconds=hard)
+    _arrived(rnd, now, unit)
     values = [sql.value(Round, f, getattr(rnd, f)) for f in _RESCHEDULED]
     if not complete:
         sql.execute(_reschedule_sql(complete=False), [*values, rnd.pk])
@@ -243,6 +236,28 @@ def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None
     return bool(row[0])
 
 
+def _arrived(rnd: Round, now: datetime, unit: WorkUnit | None) -> deadlines.Arrivals:
+    """`rnd`, in memory, with `unit`'s result arriving `now` added to its statistic (none: only its deadlines
+    recomputed) and its deadlines what the arrivals say; returns the statistic."""
+    seen = _round_arrivals(rnd)
+    if unit is not None:
+        seen = seen.add(_arrival(rnd, now, unit))
+    soft, hard = _deadlines(plan=deadlines.Plan(rnd.plan_seconds, rnd.plan_complete), arrivals=seen)
+    rnd.arrivals, rnd.latest_arrival_seconds = seen.count, seen.latest
+    rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
+    rnd.deadline_at = rnd.opened_at + timedelta(seconds=soft)
+    rnd.close_at = rnd.opened_at + timedelta(seconds=hard)
+    return seen
+
+
+def _arrival(rnd: Round, now: datetime, unit: WorkUnit) -> deadlines.Arrival:
+    return deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds)
+
+
+def _column(field: str) -> str:
+    return connection.ops.quote_name(Round._meta.get_field(field).column)
+
+
 def _round_arrival_statement(rnd: Round, now: datetime, *, unit: WorkUnit, when: str, complete: bool,
                              cancelling: tuple[str, list] | None = None) -> tuple[str, list]:
     """_round_reschedule's running statistic, with `unit`'s result arriving `now`, added to in SQL (arrivals + 1, the
@@ -251,7 +266,7 @@ def _round_arrival_statement(rnd: Round, now: datetime, *, unit: WorkUnit, when:
     latest arrival: jobs/deadlines.py), and returns them; _round_deadlines_moved then finishes the job when the
     median pace moved them too. `rnd`: the round as read before its lock (only its opening time is used). `complete`
     and `cancelling` as in _round_reschedule (PostgreSQL only: a data-modifying WITH)."""
-    came = deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds)
+    came = _arrival(rnd, now, unit)
     bucket = str(deadlines.pace_bucket(*came)) if came.expected > 0 else None
     soft, hard = _deadlines(plan=deadlines.Plan(0.0, True), arrivals=deadlines.Arrivals(1, came.elapsed, {}))
     params = [came.elapsed, came.elapsed, bucket, bucket, bucket, timedelta(seconds=soft), timedelta(seconds=hard),
@@ -270,9 +285,8 @@ def _round_arrival_statement(rnd: Round, now: datetime, *, unit: WorkUnit, when:
 def _arrival_sql(when: str, *, complete: bool, cancelled: bool) -> str:
     """deadlines.Arrivals.add, in SQL, on the round's row (its columns on the right are the row before the update),
     and the deadlines at least this arrival's; returns them (and, with `complete`, _round_complete's answer)."""
-    name = lambda field: connection.ops.quote_name(Round._meta.get_field(field).column)  # noqa: E731
-    count, latest, paces = name("arrivals"), name("latest_arrival_seconds"), name("arrival_paces")
-    soft, hard, opened = name("deadline_at"), name("close_at"), name("opened_at")
+    count, latest, paces = _column("arrivals"), _column("latest_arrival_seconds"), _column("arrival_paces")
+    soft, hard, opened = _column("deadline_at"), _column("close_at"), _column("opened_at")
     statement = (f"UPDATE {sql.table(Round)} SET {count} = {count} + 1, "
                  f"{latest} = CASE WHEN {count} = 0 THEN %s ELSE GREATEST({latest}, %s) END, "
                  f"{paces} = CASE WHEN %s::text IS NULL THEN {paces} ELSE jsonb_set({paces}, ARRAY[%s::text], "
@@ -293,11 +307,7 @@ def _round_deadlines_moved(rnd: Round, now: datetime, *, unit: WorkUnit, written
     arrivals of a round) does a statement of its own write them, outside the round's lock; it writes nothing when a
     later arrival has counted itself since (the later one's deadlines stand). Committed without waiting for the
     disk: the deadlines are recomputed from the statistic at every arrival, so one lost in a crash costs nothing."""
-    seen = _round_arrivals(rnd).add(deadlines.Arrival((now - rnd.opened_at).total_seconds(), unit.expected_seconds))
-    soft, hard = _deadlines(plan=deadlines.Plan(rnd.plan_seconds, rnd.plan_complete), arrivals=seen)
-    rnd.arrivals, rnd.latest_arrival_seconds = seen.count, seen.latest
-    rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
-    rnd.deadline_at, rnd.close_at = rnd.opened_at + timedelta(seconds=soft), rnd.opened_at + timedelta(seconds=hard)
+    seen = _arrived(rnd, now, unit)
     if (rnd.deadline_at, rnd.close_at) == tuple(written):
         return
     vendor = "" if connection.in_atomic_block else connection.vendor
@@ -307,9 +317,8 @@ def _round_deadlines_moved(rnd: Round, now: datetime, *, unit: WorkUnit, written
 
 @functools.cache
 def _deadlines_sql(unflushed_on: str) -> str:
-    name = lambda field: connection.ops.quote_name(Round._meta.get_field(field).column)  # noqa: E731
-    return (f"UPDATE {sql.table(Round)} SET {name('deadline_at')} = %s, {name('close_at')} = %s "
-            f"WHERE id = %s AND {name('arrivals')} = %s{sql.unflushed_returning(unflushed_on)}")
+    return (f"UPDATE {sql.table(Round)} SET {_column('deadline_at')} = %s, {_column('close_at')} = %s "
+            f"WHERE id = %s AND {_column('arrivals')} = %s{sql.unflushed_returning(unflushed_on)}")
 
 
 _RESCHEDULED = ("arrivals", "latest_arrival_seconds", "arrival_paces", "deadline_at", "close_at")

@@ -115,10 +115,8 @@ def unit_accept_with(row, *, unit: WorkUnit, lease_token: uuid.UUID, result_sha2
                                samples=samples, metrics=metrics, verify=verify, unit=unit)
     now = timezone.now()
     fields = _accepted_fields(verify=verify, now=now, result_sha256=result_sha256, samples=samples, metrics=metrics)
-    where = {"id": unit.pk, "status": WorkUnit.Status.LEASED, "lease_token": lease_token}
-    statements = [(_round_locked_unit_updated_sql(tuple(fields), tuple(where), flagged=True),
-                   [unit.round_id, *(sql.value(WorkUnit, f, v) for f, v in fields.items()),
-                    *(sql.value(WorkUnit, f, v) for f, v in where.items()), Round.Status.OPEN])]
+    statements = [_round_locked_unit_updated_statement(unit.round_id, fields, unit_id=unit.pk,
+                                                       lease_token=lease_token, flagged=True)]
     if unit.backup_of_id is not None:  # a backup's arrival stands for its original's
         statements.append((_original_arrived_sql(), [sql.value(WorkUnit, "submitted_at", now), unit.backup_of_id]))
     copies = None if verify else _cancel_copies_statement(shards=[unit.backup_of_id or unit.pk], winners=[unit.pk])
@@ -164,16 +162,28 @@ def _round_locked_unit_updated(round_id: int, fields: dict, *, unit_id: int, lea
     condition reads the locked row), and it reads the round as committed when the lock was granted, as a statement
     of its own would (READ COMMITTED re-reads a row it waited for); a unit changed meanwhile is tested as it is
     now, as an UPDATE after a wait always is."""
-    where = {"id": unit_id, "status": WorkUnit.Status.LEASED, "lease_token": lease_token}
     if connection.vendor != "postgresql":
         rnd = round_locked(round_id)
-        return rnd, rnd.status == Round.Status.OPEN and bool(sql.update(WorkUnit, fields, **where))
-    params = [round_id, *(sql.value(WorkUnit, f, v) for f, v in fields.items()),
-              *(sql.value(WorkUnit, f, v) for f, v in where.items()), Round.Status.OPEN]
-    row = sql.fetch_one(_round_locked_unit_updated_sql(tuple(fields), tuple(where)), params)
+        return rnd, rnd.status == Round.Status.OPEN and bool(sql.update(WorkUnit, fields, **_leased_under(
+            unit_id, lease_token)))
+    row = sql.fetch_one(*_round_locked_unit_updated_statement(round_id, fields, unit_id=unit_id,
+                                                              lease_token=lease_token))
     if row is None:
         raise Round.DoesNotExist(f"There is no round {round_id}.")
     return sql.instance(Round, row[:-1]), bool(row[-1])
+
+
+def _leased_under(unit_id: int, lease_token) -> dict:
+    return {"id": unit_id, "status": WorkUnit.Status.LEASED, "lease_token": lease_token}
+
+
+def _round_locked_unit_updated_statement(round_id: int, fields: dict, *, unit_id: int, lease_token,
+                                         flagged: bool = False) -> tuple[str, list]:
+    """_round_locked_unit_updated's statement on PostgreSQL and its parameters (`flagged`: as in its SQL below)."""
+    where = _leased_under(unit_id, lease_token)
+    return (_round_locked_unit_updated_sql(tuple(fields), tuple(where), flagged=flagged),
+            [round_id, *(sql.value(WorkUnit, f, v) for f, v in fields.items()),
+             *(sql.value(WorkUnit, f, v) for f, v in where.items()), Round.Status.OPEN])
 
 
 @functools.cache

@@ -81,11 +81,16 @@ def insert(obj, *, unflushed: bool = False):
     a transaction, the row is committed without waiting for the disk (see `unflushed`: only a row whose loss costs
     nothing); inside one, the transaction's commit is left as it is."""
     model, db = type(obj), connections[DEFAULT_DB_ALIAS]
-    fields = _insert_fields(model)
     statement = _insert_sql(model, db.vendor if unflushed and not db.in_atomic_block else "")
-    obj.pk = fetch_one(statement, [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields])[0]
+    obj.pk = fetch_one(statement, _insert_params(obj, db))[0]
     obj._state.adding, obj._state.db = False, db.alias
     return obj
+
+
+def _insert_params(obj, db) -> list:
+    """`obj`'s values as the ORM's save would send them (defaults and auto_now_add filled in), in _insert_fields'
+    order."""
+    return [f.get_db_prep_save(f.pre_save(obj, True), db) for f in _insert_fields(type(obj))]
 
 
 @functools.cache
@@ -108,9 +113,7 @@ def insert_when(obj, condition: str) -> tuple[str, list]:
     statement runs) holds: for run_together, where a statement cannot wait on what the one before it returned. Its
     RETURNING gives the new id, or no row. PostgreSQL only (each value cast to its column's type: a SELECT's
     parameters are not typed by the columns they go to)."""
-    model, db = type(obj), connections[DEFAULT_DB_ALIAS]
-    fields = _insert_fields(model)
-    return _insert_when_sql(model, condition), [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields]
+    return _insert_when_sql(type(obj), condition), _insert_params(obj, connections[DEFAULT_DB_ALIAS])
 
 
 @functools.cache
