@@ -44,6 +44,7 @@ import asyncio
 import base64
 import json
 import logging
+import itertools
 import math
 import os
 import random
@@ -92,7 +93,7 @@ def main() -> int:
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
         access_log = tmp / "access.log"  # --server-times: gunicorn's request time per request
         logging_env = {**stack.env, "GUNICORN_CMD_ARGS": f"--access-logfile {access_log} "
-                                                         "--access-logformat %(U)s|%(D)s"}
+                                                         "--access-logformat %(U)s|%(D)s|%({x-bench-id}i)s"}
         url = stack.web(free_port(), workers=options.workers, threads=options.threads,
                         env=logging_env if options.server_times else None)
         world = build_world(url, options)
@@ -105,7 +106,8 @@ def main() -> int:
             phases[phase] = asyncio.run(_drive(url, world, options, rate=rate))
             after = _cpu_seconds(web_pid, options.database_url)
             if options.server_times:
-                phases[phase].server = _server_times(access_log, logged)
+                phases[phase].server, by_id = _server_times(access_log, logged)
+                phases[phase].matched = [(t, by_id[i]) for i, t in phases[phase].seen.items() if i in by_id]
             phases[phase].cpu = defaultdict(float)
             for (who, pid), seconds in after.items():  # per process: one that ended in between counts nothing
                 phases[phase].cpu[who] += seconds - before.get((who, pid), 0.0)
@@ -131,6 +133,11 @@ class Stats:
     elapsed: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds used in the phase: web, database, devices
     server: dict[str, list[float]] = field(default_factory=dict)  # --server-times: gunicorn's own, per op
+    # --server-times: each request's time as its device saw it, by the id it sent (matched to gunicorn's log line)
+    seen: dict[int, float] = field(default_factory=dict)
+    matched: list[tuple[float, float]] = field(default_factory=list)  # (device's time, gunicorn's own) per request
+    loop_lag: list[float] = field(default_factory=list)  # how late the devices' event loop woke, every 5 ms
+    sent: list[tuple[float, str]] = field(default_factory=list)  # (when, op) of every op sent in the window
 
     def ok(self, op: str | None = None) -> int:
         ops = [op] if op else list(self.statuses)
@@ -166,8 +173,9 @@ async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: f
     stop_at = start + options.seconds
     interval = len(world.devices) / rate if rate else 0.0
     connections = [Connection(address.hostname, address.port, device["token"]) for device in world.devices]
+    lag = asyncio.ensure_future(_loop_lag(stats, stop_at))
     try:
-        await asyncio.gather(*(
+        await asyncio.gather(lag, *(
             _device(connection, device, stats, cache, options, start=start, stop_at=stop_at, interval=interval,
                     rng=random.Random(i))
             for i, (connection, device) in enumerate(zip(connections, world.devices))))
@@ -176,6 +184,18 @@ async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: f
             connection.close()
     stats.elapsed = time.monotonic() - start
     return stats
+
+
+async def _loop_lag(stats: Stats, stop_at: float, every: float = 0.005) -> None:
+    """How late the devices' event loop runs a callback due now: the part of a device's time that is its own
+    process (building and signing other devices' results, or waiting for a core), not the site's."""
+    while time.monotonic() < stop_at:
+        due = time.monotonic() + every
+        await asyncio.sleep(every)
+        stats.loop_lag.append(max(0.0, time.monotonic() - due))
+
+
+_IDS = itertools.count(1)  # --server-times: each request's id, sent as X-Bench-Id and logged by gunicorn
 
 
 class Connection:
@@ -198,13 +218,14 @@ class Connection:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def request(self, method: str, path: str, body: bytes = b"",
-                      content_type: str | None = None) -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: bytes = b"", content_type: str | None = None,
+                      ident: int = 0) -> tuple[int, bytes]:
         if self.writer is not None and time.monotonic() - self.used > self.IDLE_S:
             self.close()
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         typed = f"Content-Type: {content_type}\r\n" if content_type else ""
+        typed += f"X-Bench-Id: {ident}\r\n" if ident else ""
         self.writer.write(f"{method} {path} HTTP/1.1\r\n{self.head}{typed}Content-Length: {len(body)}\r\n\r\n"
                           .encode() + body)
         try:
@@ -241,12 +262,18 @@ class Connection:
 async def _device(connection: Connection, device: dict, stats: Stats, cache: WeightsCache,
                   options: argparse.Namespace, *, start: float, stop_at: float, interval: float,
                   rng: random.Random) -> None:
-    """One device: claim, heartbeat, post a result, again, until the time is up; paced to one op per
-    `interval` seconds when it is set (the first at a random offset, so the devices do not march together)."""
+    """One device: claim, heartbeat, post a result, again, until the time is up; paced, when `interval` is set,
+    to one op per `interval` seconds on average, each op a random time after the one before (exponential: each
+    device's ops are a Poisson process, and so are all of them together). An op the device is late for goes at
+    once, and the device catches up with its schedule: the site is offered the rate whatever its answers' times.
+
+    Pacing at exactly `interval` instead made the devices march together by op: each device's first op came
+    within one interval of the start, and its ops go claim, heartbeat, result, so for one interval in three every
+    device was posting a result (README, the load benchmark's twelfth session)."""
     from muninn_worker import signing, tensors
 
     key = signing._load(device["key"])  # loaded once, as the worker client keeps its key
-    next_at = start + rng.uniform(0, interval)
+    next_at = start + rng.expovariate(1 / interval) if interval else start
 
     async def op(name: str, method: str, path: str, body: bytes = b"",
                  content_type: str | None = None) -> tuple[int, dict | bytes | None]:
@@ -255,16 +282,20 @@ async def _device(connection: Connection, device: dict, stats: Stats, cache: Wei
             now = time.monotonic()
             if next_at > now:
                 await asyncio.sleep(next_at - now)
-            next_at = max(next_at + interval, time.monotonic())
+            next_at += rng.expovariate(1 / interval)
+        ident = next(_IDS) if options.server_times else 0
         t0 = time.monotonic()
         try:
-            status, answer = await connection.request(method, path, body, content_type)
+            status, answer = await connection.request(method, path, body, content_type, ident)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
             status, answer = 599, repr(e).encode()
         t1 = time.monotonic()
         if t1 <= stop_at:  # only what finished inside the window counts
             stats.latencies[name].append(t1 - t0)
             stats.statuses[name][status] += 1
+            stats.sent.append((t0, name))
+            if ident:
+                stats.seen[ident] = t1 - t0
         if status >= 300 and status != 409 and len(stats.errors) < 20:
             stats.errors.append(f"{name} {status}: {answer[:200]!r}")
         if status == 200 and answer[:1] == b"{":
@@ -422,19 +453,23 @@ def _client_double_leases(stats: Stats) -> tuple[int, int]:
     return again, doubles
 
 
-def _server_times(access_log: Path, offset: int) -> dict[str, list[float]]:
+def _server_times(access_log: Path, offset: int) -> tuple[dict[str, list[float]], dict[int, float]]:
     """Seconds gunicorn took for each request it logged after `offset` (its access log's `%(D)s`, from the request
     read to the answer sent): the site's own latency, without the devices' event loop (one process for 200
-    devices, which builds and signs results between requests) in the way."""
+    devices, which builds and signs results between requests) in the way; and the same by each request's id
+    (X-Bench-Id), to set beside the device's time for it."""
     times: dict[str, list[float]] = defaultdict(list)
+    by_id: dict[int, float] = {}
     with access_log.open() as log:
         log.seek(offset)
         for line in log:
-            path, _, micros = line.strip().rpartition("|")
+            path, micros, ident = (line.strip().split("|") + ["", ""])[:3]
             name = path.rsplit("/", 1)[-1]
             if name in ("claim", "heartbeat", "weights", "result") and micros.isdigit():
                 times[name].append(int(micros) / 1e6)
-    return times
+                if ident.isdigit():
+                    by_id[int(ident)] = int(micros) / 1e6
+    return times, by_id
 
 
 # --- The report -----------------------------------------------------------------------------------
@@ -444,6 +479,34 @@ def _quantile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _result_share(stats: Stats, window: float = 0.5) -> tuple[float, float]:
+    """The least and the most of the ops sent in a window that were results, over the phase's full windows: a
+    third each when the devices' ops are mixed as a market's are, not all devices posting results at once."""
+    if not stats.sent:
+        return 0.0, 0.0
+    first = min(t for t, _ in stats.sent)
+    ops: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for t, name in stats.sent:
+        counts = ops[int((t - first) / window)]
+        counts[0] += 1
+        counts[1] += name == "result"
+    full = [results / n for k, (n, results) in ops.items() if 0 < k < max(ops)]  # not the first and last windows
+    return (min(full), max(full)) if full else (0.0, 0.0)
+
+
+def _tail(stats: Stats) -> dict:
+    """The slowest 1 % of the requests matched to gunicorn's log, as their devices saw them: how much of their time
+    gunicorn counted, and how much it did not (a request waiting for the worker's main thread and a free thread,
+    the devices' own process); and how late the devices' event loop ran, over the whole phase."""
+    slowest = sorted(stats.matched, reverse=True)[:max(1, len(stats.matched) // 100)]
+    device = sum(d for d, _ in slowest) / len(slowest)
+    server = sum(s for _, s in slowest) / len(slowest)
+    return {"n": len(slowest), "device_ms": round(device * 1e3, 1), "server_ms": round(server * 1e3, 1),
+            "outside_ms": round((device - server) * 1e3, 1),
+            "loop_lag_p50_ms": round(_quantile(stats.loop_lag, 0.5) * 1e3, 1),
+            "loop_lag_p99_ms": round(_quantile(stats.loop_lag, 0.99) * 1e3, 1)}
 
 
 def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str,
@@ -478,6 +541,14 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                 f"{name} {_quantile(v, 0.5) * 1e3:.1f} / {_quantile(v, 0.99) * 1e3:.1f}"
                 for name, v in stats.server.items()) + ", all {:.1f} / {:.1f}".format(
                 *(_quantile([x for v in stats.server.values() for x in v], q) * 1e3 for q in (0.5, 0.99))))
+        if stats.matched:
+            tail = _tail(stats)
+            print(f"the slowest 1 % as the devices saw them ({tail['n']} requests, {tail['device_ms']:.1f} ms on "
+                  f"average): gunicorn's own time {tail['server_ms']:.1f} ms, the rest {tail['outside_ms']:.1f} ms "
+                  f"(before gunicorn's clock starts, and the devices' process); the devices' event loop late by "
+                  f"{tail['loop_lag_p50_ms']:.1f} / {tail['loop_lag_p99_ms']:.1f} ms (p50 / p99)")
+        low, high = _result_share(stats)
+        print(f"the ops' mix: results were {low:.0%}-{high:.0%} of the ops sent in each half second")
         again, doubles = _client_double_leases(stats)
         print(f"empty claims (204) {stats.empty_claims}; units leased again {again}, overlapping (client) {doubles}")
         all_lat = [x for v in stats.latencies.values() for x in v]
@@ -487,12 +558,14 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                           "results_per_s": round(stats.ok("result") / options.seconds, 1),
                           "errors": stats.failed(), "conflicts": stats.conflicts(), "client_double_leases": doubles,
                           "empty_claims": stats.empty_claims,
+                          "result_share": [round(x, 2) for x in _result_share(stats)],
                           "cpu_ms_per_op": {k: round(v, 2) for k, v in per_op.items()},
                           "cpu_bound_ops_per_s": round(os.cpu_count() * 1e3 / server, 1) if server else None}
         if stats.server:
             every = [x for v in stats.server.values() for x in v]
             figures[phase]["server_p50_ms"] = round(_quantile(every, 0.5) * 1e3, 1)
             figures[phase]["server_p99_ms"] = round(_quantile(every, 0.99) * 1e3, 1)
+            figures[phase]["tail"] = _tail(stats) if stats.matched else {}
         for message in stats.errors[:5]:
             print(f"  error: {message}")
     print(f"\ndatabase: {db['leases']:,} leases, {db['units_leased_again']} units leased more than once, "
@@ -512,13 +585,14 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         "ops_per_s": figures["saturated"]["ops_per_s"], "p50_ms": figures["paced"]["p50_ms"],
         "p99_ms": figures["paced"]["p99_ms"], "double_leases": max(client_doubles, db["double_leases"]),
         "errors": sum(f["errors"] for f in figures.values()),
-        "paced_ops_per_s": figures["paced"]["ops_per_s"], "saturated_p99_ms": figures["saturated"]["p99_ms"],
+        "paced_ops_per_s": figures["paced"]["ops_per_s"], "paced_result_share": figures["paced"]["result_share"],
+        "saturated_p99_ms": figures["saturated"]["p99_ms"],
         "saturated_results_per_s": figures["saturated"]["results_per_s"],
         "cpu_ms_per_op": figures["saturated"]["cpu_ms_per_op"],
         "cpu_bound_ops_per_s": figures["saturated"]["cpu_bound_ops_per_s"],
         "credit_cpu_ms_per_result": credit["cpu_ms_per_result"],
-        **({"server_p50_ms": figures["paced"]["server_p50_ms"], "server_p99_ms": figures["paced"]["server_p99_ms"]}
-           if options.server_times else {}),
+        **({"server_p50_ms": figures["paced"]["server_p50_ms"], "server_p99_ms": figures["paced"]["server_p99_ms"],
+            "paced_tail": figures["paced"]["tail"]} if options.server_times else {}),
         "conflicts": sum(f["conflicts"] for f in figures.values()),
         "client_double_leases": client_doubles, "db_double_leases": db["double_leases"],
         **{f"plan_ms_{size}": round(t["round_open_ms"], 1) for size, t in plans.items()},
