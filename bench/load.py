@@ -93,7 +93,7 @@ def main() -> int:
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
         access_log = tmp / "access.log"  # --server-times: gunicorn's request time per request
         logging_env = {**stack.env, "GUNICORN_CMD_ARGS": f"--access-logfile {access_log} "
-                                                         "--access-logformat %(U)s|%(D)s|%({x-bench-id}i)s"}
+                                                         "--access-logformat %(U)s|%(D)s|%({x-bench-id}i)s|%(p)s"}
         url = stack.web(free_port(), workers=options.workers, threads=options.threads,
                         env=logging_env if options.server_times else None)
         world = build_world(url, options)
@@ -107,7 +107,7 @@ def main() -> int:
             after = _cpu_seconds(web_pid, options.database_url)
             if options.server_times:
                 phases[phase].server, by_id = _server_times(access_log, logged)
-                phases[phase].matched = [(t, by_id[i]) for i, t in phases[phase].seen.items() if i in by_id]
+                phases[phase].matched = [(t, *by_id[i]) for i, t in phases[phase].seen.items() if i in by_id]
             phases[phase].cpu = defaultdict(float)
             for (who, pid), seconds in after.items():  # per process: one that ended in between counts nothing
                 phases[phase].cpu[who] += seconds - before.get((who, pid), 0.0)
@@ -135,7 +135,8 @@ class Stats:
     server: dict[str, list[float]] = field(default_factory=dict)  # --server-times: gunicorn's own, per op
     # --server-times: each request's time as its device saw it, by the id it sent (matched to gunicorn's log line)
     seen: dict[int, float] = field(default_factory=dict)
-    matched: list[tuple[float, float]] = field(default_factory=list)  # (device's time, gunicorn's own) per request
+    # (device's time, gunicorn's own, gunicorn's worker process) per request
+    matched: list[tuple[float, float, str]] = field(default_factory=list)
     loop_lag: list[float] = field(default_factory=list)  # how late the devices' event loop woke, every 5 ms
     sent: list[tuple[float, str]] = field(default_factory=list)  # (when, op) of every op sent in the window
 
@@ -453,22 +454,22 @@ def _client_double_leases(stats: Stats) -> tuple[int, int]:
     return again, doubles
 
 
-def _server_times(access_log: Path, offset: int) -> tuple[dict[str, list[float]], dict[int, float]]:
+def _server_times(access_log: Path, offset: int) -> tuple[dict[str, list[float]], dict[int, tuple[float, str]]]:
     """Seconds gunicorn took for each request it logged after `offset` (its access log's `%(D)s`, from the request
     read to the answer sent): the site's own latency, without the devices' event loop (one process for 200
     devices, which builds and signs results between requests) in the way; and the same by each request's id
-    (X-Bench-Id), to set beside the device's time for it."""
+    (X-Bench-Id), with the worker process that served it, to set beside the device's time for it."""
     times: dict[str, list[float]] = defaultdict(list)
-    by_id: dict[int, float] = {}
+    by_id: dict[int, tuple[float, str]] = {}
     with access_log.open() as log:
         log.seek(offset)
         for line in log:
-            path, micros, ident = (line.strip().split("|") + ["", ""])[:3]
+            path, micros, ident, pid = (line.strip().split("|") + ["", "", ""])[:4]
             name = path.rsplit("/", 1)[-1]
             if name in ("claim", "heartbeat", "weights", "result") and micros.isdigit():
                 times[name].append(int(micros) / 1e6)
                 if ident.isdigit():
-                    by_id[int(ident)] = int(micros) / 1e6
+                    by_id[int(ident)] = int(micros) / 1e6, pid.strip("<>")
     return times, by_id
 
 
@@ -501,10 +502,16 @@ def _tail(stats: Stats) -> dict:
     gunicorn counted, and how much it did not (a request waiting for the worker's main thread and a free thread,
     the devices' own process); and how late the devices' event loop ran, over the whole phase."""
     slowest = sorted(stats.matched, reverse=True)[:max(1, len(stats.matched) // 100)]
-    device = sum(d for d, _ in slowest) / len(slowest)
-    server = sum(s for _, s in slowest) / len(slowest)
+    device = sum(d for d, _, _ in slowest) / len(slowest)
+    server = sum(s for _, s, _ in slowest) / len(slowest)
+    by_process: dict[str, list[float]] = defaultdict(list)
+    for d, _, pid in stats.matched:
+        by_process[pid].append(d)
+    processes = sorted(by_process.values(), key=len, reverse=True)
     return {"n": len(slowest), "device_ms": round(device * 1e3, 1), "server_ms": round(server * 1e3, 1),
             "outside_ms": round((device - server) * 1e3, 1),
+            "process_shares": [round(len(times) / len(stats.matched), 2) for times in processes],
+            "process_p99_ms": [round(_quantile(times, 0.99) * 1e3, 1) for times in processes],
             "loop_lag_p50_ms": round(_quantile(stats.loop_lag, 0.5) * 1e3, 1),
             "loop_lag_p99_ms": round(_quantile(stats.loop_lag, 0.99) * 1e3, 1)}
 
@@ -547,6 +554,8 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                   f"average): gunicorn's own time {tail['server_ms']:.1f} ms, the rest {tail['outside_ms']:.1f} ms "
                   f"(before gunicorn's clock starts, and the devices' process); the devices' event loop late by "
                   f"{tail['loop_lag_p50_ms']:.1f} / {tail['loop_lag_p99_ms']:.1f} ms (p50 / p99)")
+            print("gunicorn's worker processes, their share of the requests (p99 as the devices saw it): " + ", ".join(
+                f"{share:.0%} ({p99:.0f} ms)" for share, p99 in zip(tail["process_shares"], tail["process_p99_ms"])))
         low, high = _result_share(stats)
         print(f"the ops' mix: results were {low:.0%}-{high:.0%} of the ops sent in each half second")
         again, doubles = _client_double_leases(stats)
