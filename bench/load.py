@@ -8,9 +8,10 @@ and registers N devices through the real API, each with its own Ed25519 key. The
     claim → heartbeat(s) → post a small valid result (signed receipt, an encoded update) → claim ...
 
 twice, for `--seconds` each: first as fast as they can (the most the site serves: ops/s), then paced to
-`--rate` ops/s in all (the latency a device sees at that load). With N devices that never wait, latency is
-N / throughput by Little's law (200 devices at 500 ops/s: 400 ms), whatever the server does, so the p99
-that counts is the paced one. Every op's answer is counted: 2xx ok, 409 conflict, anything else an error.
+`--rate` ops/s in all (the latency a device sees at that load; each device's ops a Poisson process, so claims,
+heartbeats and results arrive mixed, as from a market's independent devices). With N devices that never
+wait, latency is N / throughput by Little's law (200 devices at 500 ops/s: 400 ms), whatever the server does,
+so the p99 that counts is the paced one. Every op's answer is counted: 2xx ok, 409 conflict, anything else an error.
 
 Results are cheap but real: the global weights (downloaded once per job, cached by hash as the worker client
 does) plus a small random change, so every check of the site runs on them (signature, hashes, safetensors,
