@@ -43,9 +43,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import json
 import logging
-import itertools
 import math
 import os
 import random
