@@ -108,7 +108,8 @@ def main() -> int:
             after = _cpu_seconds(web_pid, options.database_url)
             if options.server_times:
                 phases[phase].server, by_id = _server_times(access_log, logged)
-                phases[phase].matched = [(t, *by_id[i]) for i, t in phases[phase].seen.items() if i in by_id]
+                phases[phase].matched = [(took, *by_id[ident]) for _, _, took, ident in phases[phase].sent
+                                         if ident in by_id]
             phases[phase].cpu = defaultdict(float)
             for (who, pid), seconds in after.items():  # per process: one that ended in between counts nothing
                 phases[phase].cpu[who] += seconds - before.get((who, pid), 0.0)
@@ -134,12 +135,11 @@ class Stats:
     elapsed: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds used in the phase: web, database, devices
     server: dict[str, list[float]] = field(default_factory=dict)  # --server-times: gunicorn's own, per op
-    # --server-times: each request's time as its device saw it, by the id it sent (matched to gunicorn's log line)
-    seen: dict[int, float] = field(default_factory=dict)
     # (device's time, gunicorn's own, gunicorn's worker process) per request
     matched: list[tuple[float, float, str]] = field(default_factory=list)
     loop_lag: list[float] = field(default_factory=list)  # how late the devices' event loop woke, every 5 ms
-    sent: list[tuple[float, str]] = field(default_factory=list)  # (when, op) of every op sent in the window
+    # (when it was sent, op, its time as the device saw it, its X-Bench-Id or 0) of every op that ended in the window
+    sent: list[tuple[float, str, float, int]] = field(default_factory=list)
 
     def ok(self, op: str | None = None) -> int:
         ops = [op] if op else list(self.statuses)
@@ -295,9 +295,7 @@ async def _device(connection: Connection, device: dict, stats: Stats, cache: Wei
         if t1 <= stop_at:  # only what finished inside the window counts
             stats.latencies[name].append(t1 - t0)
             stats.statuses[name][status] += 1
-            stats.sent.append((t0, name))
-            if ident:
-                stats.seen[ident] = t1 - t0
+            stats.sent.append((t0, name, t1 - t0, ident))
         if status >= 300 and status != 409 and len(stats.errors) < 20:
             stats.errors.append(f"{name} {status}: {answer[:200]!r}")
         if status == 200 and answer[:1] == b"{":
@@ -488,9 +486,9 @@ def _result_share(stats: Stats, window: float = 0.5) -> tuple[float, float]:
     third each when the devices' ops are mixed as a market's are, not all devices posting results at once."""
     if not stats.sent:
         return 0.0, 0.0
-    first = min(t for t, _ in stats.sent)
+    first = min(t for t, *_ in stats.sent)
     ops: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for t, name in stats.sent:
+    for t, name, *_ in stats.sent:
         counts = ops[int((t - first) / window)]
         counts[0] += 1
         counts[1] += name == "result"
@@ -549,16 +547,16 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                 f"{name} {_quantile(v, 0.5) * 1e3:.1f} / {_quantile(v, 0.99) * 1e3:.1f}"
                 for name, v in stats.server.items()) + ", all {:.1f} / {:.1f}".format(
                 *(_quantile([x for v in stats.server.values() for x in v], q) * 1e3 for q in (0.5, 0.99))))
-        if stats.matched:
-            tail = _tail(stats)
+        tail = _tail(stats) if stats.matched else {}
+        mix = _result_share(stats)
+        if tail:
             print(f"the slowest 1 % as the devices saw them ({tail['n']} requests, {tail['device_ms']:.1f} ms on "
                   f"average): gunicorn's own time {tail['server_ms']:.1f} ms, the rest {tail['outside_ms']:.1f} ms "
                   f"(before gunicorn's clock starts, and the devices' process); the devices' event loop late by "
                   f"{tail['loop_lag_p50_ms']:.1f} / {tail['loop_lag_p99_ms']:.1f} ms (p50 / p99)")
             print("gunicorn's worker processes, their share of the requests (p99 as the devices saw it): " + ", ".join(
                 f"{share:.0%} ({p99:.0f} ms)" for share, p99 in zip(tail["process_shares"], tail["process_p99_ms"])))
-        low, high = _result_share(stats)
-        print(f"the ops' mix: results were {low:.0%}-{high:.0%} of the ops sent in each half second")
+        print(f"the ops' mix: results were {mix[0]:.0%}-{mix[1]:.0%} of the ops sent in each half second")
         again, doubles = _client_double_leases(stats)
         print(f"empty claims (204) {stats.empty_claims}; units leased again {again}, overlapping (client) {doubles}")
         all_lat = [x for v in stats.latencies.values() for x in v]
@@ -568,14 +566,14 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                           "results_per_s": round(stats.ok("result") / options.seconds, 1),
                           "errors": stats.failed(), "conflicts": stats.conflicts(), "client_double_leases": doubles,
                           "empty_claims": stats.empty_claims,
-                          "result_share": [round(x, 2) for x in _result_share(stats)],
+                          "result_share": [round(x, 2) for x in mix],
                           "cpu_ms_per_op": {k: round(v, 2) for k, v in per_op.items()},
                           "cpu_bound_ops_per_s": round(os.cpu_count() * 1e3 / server, 1) if server else None}
         if stats.server:
             every = [x for v in stats.server.values() for x in v]
             figures[phase]["server_p50_ms"] = round(_quantile(every, 0.5) * 1e3, 1)
             figures[phase]["server_p99_ms"] = round(_quantile(every, 0.99) * 1e3, 1)
-            figures[phase]["tail"] = _tail(stats) if stats.matched else {}
+            figures[phase]["tail"] = tail
         for message in stats.errors[:5]:
             print(f"  error: {message}")
     print(f"\ndatabase: {db['leases']:,} leases, {db['units_leased_again']} units leased more than once, "

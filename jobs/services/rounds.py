@@ -236,9 +236,9 @@ def _round_reschedule(rnd: Round, now: datetime, *, unit: WorkUnit | None = None
     return bool(row[0])
 
 
-def _arrived(rnd: Round, now: datetime, unit: WorkUnit | None) -> deadlines.Arrivals:
+def _arrived(rnd: Round, now: datetime, unit: WorkUnit | None) -> None:
     """`rnd`, in memory, with `unit`'s result arriving `now` added to its statistic (none: only its deadlines
-    recomputed) and its deadlines what the arrivals say; returns the statistic."""
+    recomputed) and its deadlines what the arrivals say."""
     seen = _round_arrivals(rnd)
     if unit is not None:
         seen = seen.add(_arrival(rnd, now, unit))
@@ -247,7 +247,6 @@ def _arrived(rnd: Round, now: datetime, unit: WorkUnit | None) -> deadlines.Arri
     rnd.arrival_paces = {str(bucket): n for bucket, n in sorted(seen.paces.items())}
     rnd.deadline_at = rnd.opened_at + timedelta(seconds=soft)
     rnd.close_at = rnd.opened_at + timedelta(seconds=hard)
-    return seen
 
 
 def _arrival(rnd: Round, now: datetime, unit: WorkUnit) -> deadlines.Arrival:
@@ -307,12 +306,12 @@ def _round_deadlines_moved(rnd: Round, now: datetime, *, unit: WorkUnit, written
     arrivals of a round) does a statement of its own write them, outside the round's lock; it writes nothing when a
     later arrival has counted itself since (the later one's deadlines stand). Committed without waiting for the
     disk: the deadlines are recomputed from the statistic at every arrival, so one lost in a crash costs nothing."""
-    seen = _arrived(rnd, now, unit)
+    _arrived(rnd, now, unit)
     if (rnd.deadline_at, rnd.close_at) == tuple(written):
         return
     vendor = "" if connection.in_atomic_block else connection.vendor
     sql.execute(_deadlines_sql(vendor), [sql.value(Round, "deadline_at", rnd.deadline_at),
-                                         sql.value(Round, "close_at", rnd.close_at), rnd.pk, seen.count])
+                                         sql.value(Round, "close_at", rnd.close_at), rnd.pk, rnd.arrivals])
 
 
 @functools.cache
