@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client"), str(ROOT / "bench")]
 
 import load_world  # noqa: E402
+from machine import disk_note, settled_disk_ms  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_profile"
 DEVICES = 20
@@ -68,12 +69,14 @@ PARTS = [
 def main() -> int:
     options = _parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="muninn-profile-"))
+    disk_ms = settled_disk_ms(tmp / "disk-probe")  # beside the blobs (MEDIA_ROOT): their writes are a part timed below
     os.environ.update({
         "DJANGO_SETTINGS_MODULE": "muninn.settings", "DATABASE_URL": options.database_url,
         "CELERY_BROKER_URL": "memory://", "DEBUG": "false", "SECRET_KEY": "profile-benchmark-only",
         "ALLOWED_HOSTS": "testserver", "MUNINN_VAR_DIR": str(tmp), "MEDIA_ROOT": str(tmp / "media"),
         "MUNINN_MAX_DEVICES_PER_ACCOUNT": str(DEVICES),
-        "MUNINN_MIN_CHECK_RATE": load_world.CHECK_FLOOR, "MUNINN_TLS": "false",  # bench/load.py's world: veterans checked 5 % of the time
+        # bench/load.py's world: veterans checked 5 % of the time
+        "MUNINN_MIN_CHECK_RATE": load_world.CHECK_FLOOR, "MUNINN_TLS": "false",
     })
     from load_world import recreate_database
 
@@ -114,7 +117,7 @@ def main() -> int:
     if profiler is not None:
         profiler.disable()
     credit = _credit_owed()
-    _report(options, ops, timed, credit, profiler)
+    _report(options, ops, timed, credit, profiler, disk_ms)
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
@@ -256,13 +259,13 @@ def _credit_owed() -> dict:
     return load._credit_owed() if hasattr(load, "_credit_owed") else {}
 
 
-def _report(options, ops: dict, timed: dict, credit: dict, profiler) -> None:
+def _report(options, ops: dict, timed: dict, credit: dict, profiler, disk_ms: float) -> None:
     import statistics
 
     n_results = len(ops["result"])
     print(f"worker API in one process: {DEVICES} veteran devices, {QUEUED_UNITS:,} queued units, {options.ops} loops "
           f"(after {WARM_UP} to warm up); CPU time of this process; load average {os.getloadavg()[0]:.2f} on "
-          f"{os.cpu_count()} CPUs\n")
+          f"{os.cpu_count()} CPUs; {disk_note(disk_ms)}\n")
     print(f"{'op':10}{'CPU ms (mean)':>15}{'(median)':>10}{'queries':>9}")
     figures = {}
     for name in ("claim", "heartbeat", "result"):
@@ -291,7 +294,7 @@ def _report(options, ops: dict, timed: dict, credit: dict, profiler) -> None:
         "mean_op_cpu_ms": round(mean_op * 1e3, 2),
         "credit_cpu_ms_per_result": credit.get("cpu_ms_per_result"),
         "parts_ms_per_result": {label.strip(): round(sum(s) / n_results * 1e3, 2) for label, s in timed.items() if s},
-        "ops": options.ops, "load_average": round(os.getloadavg()[0], 2),
+        "ops": options.ops, "load_average": round(os.getloadavg()[0], 2), "new_file_ms": disk_ms,
     }))
 
 

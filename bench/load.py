@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 
 from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
-from machine import yardstick_s  # noqa: E402
+from machine import disk_note, settled_disk_ms, yardstick_s  # noqa: E402
 from load_world import World, build_world, environment, recreate_database, top_up  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
@@ -80,6 +80,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="muninn-load-"))
     env = environment(options, tmp)
     os.environ.update(env)
+    disk_ms = settled_disk_ms(tmp / "disk-probe")  # beside the site's blobs (MEDIA_ROOT), before any are written
     recreate_database(options.database_url)
 
     import django
@@ -118,7 +119,7 @@ def main() -> int:
     db_doubles = _database_double_leases()
     credit = _credit_owed()
     plans = {} if options.skip_planning else plan_timings(options)
-    _report(options, world, phases, db_doubles, plans, web_log, credit, yardstick)
+    _report(options, world, phases, db_doubles, plans, web_log, credit, yardstick, disk_ms)
     shutil.rmtree(tmp, ignore_errors=True)  # blobs, broker messages, logs (the web log's tracebacks were shown)
     return 0
 
@@ -354,7 +355,8 @@ def _result(unit: dict, state: dict, claimed: float, rng: random.Random) -> tupl
         model = zoo.build_model(unit["template"], unit["model_config"])
         _FIRST[key] = segments.commitment(state, training.initial_optimizer_state(model, *key[1:]))
     first = _FIRST[key]
-    middle = [[f"{rng.getrandbits(256):064x}"] * 2 for _ in range(segments.segment_count(steps, train["segment_steps"]) - 1)]
+    middle = [[f"{rng.getrandbits(256):064x}"] * 2
+              for _ in range(segments.segment_count(steps, train["segment_steps"]) - 1)]
     last = [segments.commitment(codec.decode_update(out, state, unit.get("encoding", "fp32")), {})[0], "0" * 64]
     receipt = {
         "unit": unit["id"], "weights_sha256": unit["weights_sha256"], "shard_sha256": unit["shard_sha256"],
@@ -516,14 +518,14 @@ def _tail(stats: Stats) -> dict:
 
 
 def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str,
-            credit: dict, yardstick: float) -> None:
+            credit: dict, yardstick: float, disk_ms: float) -> None:
     load = os.getloadavg()
     print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
           f"{world.units:,} queued units at the start of each phase ({world.topped_up} jobs added before the "
           f"paced one), set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
           f"{options.threads} threads; {options.heartbeats} heartbeat(s) per unit; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; the machine's yardstick "
-          f"{yardstick:.3f} s (bench/machine.py)")
+          f"{yardstick:.3f} s (bench/machine.py); {disk_note(disk_ms)}")
     figures: dict = {}
     for phase, stats in phases.items():
         title = "as fast as they can" if phase == "saturated" else f"paced to {options.rate:g} ops/s"
@@ -608,7 +610,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         **{f"plan_shards_ms_{size}": round(t["plan_shards_ms"], 3) for size, t in plans.items()},
         "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
         "workers": options.workers, "threads": options.threads, "load_average": round(load[0], 2),
-        "yardstick_s": yardstick,
+        "yardstick_s": yardstick, "new_file_ms": disk_ms,
     }))
 
 
