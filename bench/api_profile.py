@@ -69,7 +69,6 @@ PARTS = [
 def main() -> int:
     options = _parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="muninn-profile-"))
-    disk_ms = settled_disk_ms(tmp / "disk-probe")  # beside the blobs (MEDIA_ROOT): their writes are a part timed below
     os.environ.update({
         "DJANGO_SETTINGS_MODULE": "muninn.settings", "DATABASE_URL": options.database_url,
         "CELERY_BROKER_URL": "memory://", "DEBUG": "false", "SECRET_KEY": "profile-benchmark-only",
@@ -92,6 +91,7 @@ def main() -> int:
 
     torch.set_num_threads(1)  # as the web process (platform/muninn/wsgi.py)
     call_command("migrate", verbosity=0)
+    disk_ms = settled_disk_ms(tmp / "disk-probe")  # beside the blobs (MEDIA_ROOT): their writes are a part timed below
     devices = _world()
     _hold_tasks()
     timed = _wrap_parts()

@@ -80,8 +80,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="muninn-load-"))
     env = environment(options, tmp)
     os.environ.update(env)
-    disk_ms = settled_disk_ms(tmp / "disk-probe")  # beside the site's blobs (MEDIA_ROOT), before any are written
-    recreate_database(options.database_url)
+    recreate_database(options.database_url)  # the last run's database deleted: the disk may slow down for a while
 
     import django
 
@@ -90,6 +89,7 @@ def main() -> int:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    disk_ms = settled_disk_ms(tmp / "disk-probe")  # beside the site's blobs (MEDIA_ROOT), before any are written
     from scripts.stack import Stack, base_env, free_port
 
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
