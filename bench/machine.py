@@ -6,8 +6,8 @@ of five, before a benchmark starts its stack: the earlier READMEs' `sum(range(10
 fast hours, 0.30-0.37 s in its slow ones). Each benchmark prints it and puts it in its last JSON line.
 
 `new_file_ms` times the disk the same way: the CPU a new file costs in the folder a benchmark writes its blobs to.
-On this VM's ext4 (mounted with `discard`) it is 0.03-0.2 ms, but 1-1.5 ms for a minute or so after many files were
-deleted nearby (measured 2026-11-29: the benchmark's own clean-up of its last run's world, or pip's of a build), and
+On this VM's ext4 (mounted with `discard`) it is 0.04-0.3 ms, but 0.6-1.8 ms for 20-60 s after many files were
+deleted nearby (measured 2026-11-29: the last run's clean-up of its world and its DROP DATABASE, pip's of a build), and
 every result the site accepts creates two such files, so bench/load.py and bench/api_profile.py wait for a slow spell to
 pass (`settled_disk_ms`) and print the figure."""
 from __future__ import annotations
@@ -45,7 +45,7 @@ def new_file_ms(folder, files: int = 200, size: int = 40_000) -> float:
     return round((time.process_time() - start) / files * 1e3, 3)
 
 
-SLOW_NEW_FILE_MS = 0.3  # settled, this VM's disk takes 0.03-0.3 ms
+SLOW_NEW_FILE_MS = 0.3  # settled, this VM's disk takes 0.04-0.3 ms
 
 
 def settled_disk_ms(folder, *, wait_s: float = 120.0, every_s: float = 10.0) -> float:
