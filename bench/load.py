@@ -600,6 +600,8 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         "saturated_results_per_s": figures["saturated"]["results_per_s"],
         "cpu_ms_per_op": figures["saturated"]["cpu_ms_per_op"],
         "cpu_bound_ops_per_s": figures["saturated"]["cpu_bound_ops_per_s"],
+        # what decides the paced p99: an op paced costs more than one saturated (threads wake for each request)
+        "paced_cpu_ms_per_op": figures["paced"]["cpu_ms_per_op"],
         "credit_cpu_ms_per_result": credit["cpu_ms_per_result"],
         **({"server_p50_ms": figures["paced"]["server_p50_ms"], "server_p99_ms": figures["paced"]["server_p99_ms"],
             "paced_tail": figures["paced"]["tail"]} if options.server_times else {}),
