@@ -33,6 +33,7 @@ shards in one blob) and the pure `federated.sharding.plan_shards` alone, for 10,
 (bench/load_planning.py runs this part alone).
 
     .venv/bin/python bench/load.py [--devices 200] [--seconds 20] [--rate 500] [--workers 3] [--threads 8]
+        [--worker-class gthread]
 
 Needs PostgreSQL (`--database-url`, default postgres://postgres@127.0.0.1:5432/muninn_load; the database is
 dropped and recreated) and aiohttp (`make bench-deps`: the world registers its devices with it; the devices
@@ -65,6 +66,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
 from machine import disk_note, settled_disk_ms, yardstick_s  # noqa: E402
 from load_world import World, build_world, environment, recreate_database, top_up  # noqa: E402
+from scripts.stack import WEB_WORKER  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
 
@@ -97,7 +99,7 @@ def main() -> int:
         logging_env = {**stack.env, "GUNICORN_CMD_ARGS": f"--access-logfile {access_log} "
                                                          "--access-logformat %(U)s|%(D)s|%({x-bench-id}i)s|%(p)s"}
         url = stack.web(free_port(), workers=options.workers, threads=options.threads,
-                        env=logging_env if options.server_times else None)
+                        worker_class=options.worker_class, env=logging_env if options.server_times else None)
         world = build_world(url, options)
         web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
         phases = {}
@@ -523,7 +525,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
     print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
           f"{world.units:,} queued units at the start of each phase ({world.topped_up} jobs added before the "
           f"paced one), set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
-          f"{options.threads} threads; {options.heartbeats} heartbeat(s) per unit; "
+          f"{options.threads} threads ({options.worker_class}); {options.heartbeats} heartbeat(s) per unit; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; the machine's yardstick "
           f"{yardstick:.3f} s (bench/machine.py); {disk_note(disk_ms)}")
     figures: dict = {}
@@ -611,7 +613,8 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         **{f"plan_cpu_ms_{size}": round(t["round_open_cpu_ms"], 1) for size, t in plans.items()},
         **{f"plan_shards_ms_{size}": round(t["plan_shards_ms"], 3) for size, t in plans.items()},
         "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
-        "workers": options.workers, "threads": options.threads, "load_average": round(load[0], 2),
+        "workers": options.workers, "threads": options.threads, "worker_class": options.worker_class,
+        "load_average": round(load[0], 2),
         "yardstick_s": yardstick, "new_file_ms": disk_ms,
     }))
 
@@ -626,6 +629,8 @@ def _parse_args() -> argparse.Namespace:
                         help="queued units to start with (default 40 per device: enough for both phases)")
     parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes (default 3)")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
+    parser.add_argument("--worker-class", default=WEB_WORKER,
+                        help=f"gunicorn's worker class (default {WEB_WORKER}, the site's; gthread: gunicorn's own)")
     parser.add_argument("--new-devices", action="store_true", help="devices start new (every result re-executed)")
     parser.add_argument("--server-times", action="store_true",
                         help="also gunicorn's own time per request, from its access log (costs the web a little CPU)")

@@ -17,6 +17,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+WEB_WORKER = "muninn.web_worker.EpollThreadWorker"  # as docs/deploy.md runs the site; "gthread" is gunicorn's own
 
 
 def free_port() -> int:
@@ -97,10 +98,11 @@ class Stack:
         return out.stdout
 
     def web(self, port: int, name: str = "web", env: dict[str, str] | None = None, *, workers: int = 2,
-            threads: int = 16, host: str = "127.0.0.1") -> str:
+            threads: int = 16, host: str = "127.0.0.1", worker_class: str = WEB_WORKER) -> str:
         # Threads beyond the MUNINN_CLAIM_WAITERS (8) long-poll claims a process may hold, for everything else.
         self.spawn(name, [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"{host}:{port}",
-                          "--workers", str(workers), "--threads", str(threads), "--timeout", "120"], env)
+                          "--workers", str(workers), "--threads", str(threads), "--timeout", "120",
+                          "--worker-class", worker_class], env)
         url = f"http://{host}:{port}"
         wait_http(f"{url}/healthz")
         return url
