@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 
 from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
-from machine import disk_note, settled_disk_ms, yardstick_s  # noqa: E402
+from machine import disk_note, settled_disk_ms, wake_us, yardstick_s  # noqa: E402
 from load_world import World, build_world, environment, recreate_database, top_up  # noqa: E402
 from scripts.stack import WEB_WORKER  # noqa: E402
 
@@ -79,6 +79,7 @@ def main() -> int:
         print(f"aiohttp is not installed ({error}). Install it with `make bench-deps`.", file=sys.stderr)
         return 2
     yardstick = yardstick_s()  # the machine's speed now, before anything of the bench runs (bench/machine.py)
+    wakes = wake_us()  # and what a thread's wake costs it: a paced op is many of them
     tmp = Path(tempfile.mkdtemp(prefix="muninn-load-"))
     env = environment(options, tmp)
     os.environ.update(env)
@@ -121,7 +122,7 @@ def main() -> int:
     db_doubles = _database_double_leases()
     credit = _credit_owed()
     plans = {} if options.skip_planning else plan_timings(options)
-    _report(options, world, phases, db_doubles, plans, web_log, credit, yardstick, disk_ms)
+    _report(options, world, phases, db_doubles, plans, web_log, credit, yardstick, disk_ms, wakes)
     shutil.rmtree(tmp, ignore_errors=True)  # blobs, broker messages, logs (the web log's tracebacks were shown)
     return 0
 
@@ -520,14 +521,15 @@ def _tail(stats: Stats) -> dict:
 
 
 def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str,
-            credit: dict, yardstick: float, disk_ms: float) -> None:
+            credit: dict, yardstick: float, disk_ms: float, wakes: dict) -> None:
     load = os.getloadavg()
     print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
           f"{world.units:,} queued units at the start of each phase ({world.topped_up} jobs added before the "
           f"paced one), set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
           f"{options.threads} threads ({options.worker_class}); {options.heartbeats} heartbeat(s) per unit; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; the machine's yardstick "
-          f"{yardstick:.3f} s (bench/machine.py); {disk_note(disk_ms)}")
+          f"{yardstick:.3f} s (bench/machine.py); {disk_note(disk_ms)}; a round trip between two threads costs "
+          f"{wakes['busy']:.0f} µs of CPU busy, {wakes['idle']:.0f} µs after 10 ms idle (bench/machine.py)")
     figures: dict = {}
     for phase, stats in phases.items():
         title = "as fast as they can" if phase == "saturated" else f"paced to {options.rate:g} ops/s"
@@ -615,7 +617,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
         "workers": options.workers, "threads": options.threads, "worker_class": options.worker_class,
         "load_average": round(load[0], 2),
-        "yardstick_s": yardstick, "new_file_ms": disk_ms,
+        "yardstick_s": yardstick, "new_file_ms": disk_ms, "wake_us": wakes,
     }))
 
 

@@ -9,10 +9,19 @@ fast hours, 0.30-0.37 s in its slow ones). Each benchmark prints it and puts it 
 On this VM's ext4 (mounted with `discard`) it is 0.04-0.3 ms, but 0.6-1.8 ms for 20-60 s after many files were
 deleted nearby (measured 2026-11-29: the last run's clean-up of its world and its DROP DATABASE, pip's of a build), and
 every result the site accepts creates two such files, so bench/load.py and bench/api_profile.py wait for a slow spell to
-pass (`settled_disk_ms`) and print the figure."""
+pass (`settled_disk_ms`) and print the figure.
+
+`wake_us` times the other thing a paced server does a lot of: a thread that blocks and is woken. Two threads of one
+process pass a byte back and forth over a socket pair; the CPU a round trip costs (two wakes) is timed with the
+threads kept busy and after the machine sat idle for 10 ms. On this VM (a Firecracker guest) the idle one cost
+~95 µs against ~31 µs busy, and a `time.sleep(0.002)` alone ~36 µs (2026-11-29, a slow hour): a request that
+finds its threads asleep pays that for every hand-off, which is why bench/load.py's paced ops cost more CPU than
+its saturated ones (the README, the load benchmark's fourteenth session)."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
 
 WORK = 10**7
@@ -69,3 +78,36 @@ def disk_note(ms: float) -> str:
     if ms > SLOW_NEW_FILE_MS:
         note += "; THE DISK IS SLOW: each result pays that twice, so this run's CPU per op is not the site's alone"
     return note
+
+
+def wake_us(idle_round_trips: int = 200, busy_round_trips: int = 5000, idle_s: float = 0.01) -> dict[str, float]:
+    """CPU microseconds (this process's) a round trip between two of its threads costs: {"busy": back to back,
+    "idle": each after `idle_s` asleep}. Each round trip is two wakes: the echo thread's and this one's."""
+    a, b = socket.socketpair()
+
+    def echo():
+        while data := b.recv(1):
+            b.send(data)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    try:
+        a.send(b"x")
+        a.recv(1)
+        start = time.process_time()
+        for _ in range(busy_round_trips):
+            a.send(b"x")
+            a.recv(1)
+        busy = (time.process_time() - start) / busy_round_trips
+        idle = 0.0
+        for _ in range(idle_round_trips):
+            time.sleep(idle_s)
+            start = time.process_time()
+            a.send(b"x")
+            a.recv(1)
+            idle += time.process_time() - start
+    finally:
+        a.close()
+        thread.join(5)
+        b.close()
+    return {"busy": round(busy * 1e6, 1), "idle": round(idle / idle_round_trips * 1e6, 1)}

@@ -187,3 +187,18 @@ def test_max_requests_restarts_the_worker_and_loses_no_request(serve):
         assert status == 200
         pids.add(body.split()[2])
     assert len(pids) >= 3  # a worker serves 3 requests, then a new one takes over
+
+
+def test_request_sent_with_the_connection_is_served_and_the_connection_kept(serve):
+    """A connection accepted with its first request already in it is served by the accepting thread; it is then
+    kept alive like any other."""
+    server = serve("--workers", "1", "--threads", "1")
+    with server.connect() as busy:
+        busy.sendall(request("/slow?1"))
+        time.sleep(0.3)  # the only thread is in the app: the next connection waits to be accepted, its request with it
+        with server.connect() as fresh:
+            fresh.sendall(request("/first"))
+            assert read_answer(busy)[0] == 200
+            assert read_answer(fresh)[1].startswith("/first ")
+            fresh.sendall(request("/again"))
+            assert read_answer(fresh)[1].startswith("/again ")

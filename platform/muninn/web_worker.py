@@ -129,8 +129,11 @@ class EpollThreadWorker(ThreadWorker):
     def _serve_connection(self, fd: int):
         with self.lock:
             conn = self.idle.pop(fd, None)  # None: closed meanwhile (timed out); its fd may already be another's
-        if conn is None:
-            return
+        if conn is not None:
+            self._serve_taken(fd, conn)
+
+    def _serve_taken(self, fd: int, conn: TConn):
+        """Serve the requests waiting on a connection this thread holds, then arm it again (or close it)."""
         conn.data_ready = True  # it is readable: gthread.handle need not wait for its first bytes
         keep = self.handle(conn)
         # A body read past its end may hold the next request already: the socket no longer looks readable for it.
@@ -154,15 +157,23 @@ class EpollThreadWorker(ThreadWorker):
             if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED, errno.EINTR):
                 raise
             sock = None
+        first = False
         with self.lock:
             if sock is not None:
                 conn = TConn(self.cfg, sock, client, listener.getsockname())
                 sock.setblocking(True)  # served by blocking reads and writes, as in gthread's pool threads
                 conn.set_timeout()  # the keep-alive timeout bounds the wait for its first request too
                 self.nr_conns += 1
-                self.idle[sock.fileno()] = conn
-                self.epoll.register(sock.fileno(), _ARMED)
+                # A device sends its request as it connects: when it is here already, this thread serves it now,
+                # rather than queueing the connection behind every other readable one a second time. Registered
+                # unarmed meanwhile (ONESHOT with no event asked for), so that serving it ends as for any other.
+                first = _request_waiting(sock)
+                if not first:
+                    self.idle[sock.fileno()] = conn
+                self.epoll.register(sock.fileno(), select.EPOLLONESHOT if first else _ARMED)
             self._accept_enabled(self.alive and self.nr_conns < self.worker_connections)
+        if first:
+            self._serve_taken(sock.fileno(), conn)
 
     def _accept_enabled(self, enabled: bool):
         """Arm the listening sockets for one connection each, or leave them disarmed (at worker_connections, or
