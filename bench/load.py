@@ -33,7 +33,7 @@ shards in one blob) and the pure `federated.sharding.plan_shards` alone, for 10,
 (bench/load_planning.py runs this part alone).
 
     .venv/bin/python bench/load.py [--devices 200] [--seconds 20] [--rate 500] [--workers 3] [--threads 8]
-        [--worker-class gthread]
+        [--worker-class CLASS]
 
 Needs PostgreSQL (`--database-url`, default postgres://postgres@127.0.0.1:5432/muninn_load; the database is
 dropped and recreated) and aiohttp (`make bench-deps`: the world registers its devices with it; the devices
@@ -586,8 +586,10 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
           f"{db['double_leases']} with overlapping leases; receipts {db['receipts']}")
     print(f"credit task (run here afterwards): {credit['results']:,} results charged, {credit['cpu_ms_per_result']} ms "
           "of CPU each")
-    if "Traceback" in web_log:
-        print("the web log has tracebacks: " + web_log[web_log.index("Traceback"):][:600])
+    if "Traceback" in web_log:  # the whole log is kept (the run's folder is not): an error is rare, and costly to miss
+        kept = Path(tempfile.gettempdir()) / f"muninn-load-web-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
+        kept.write_text(web_log)
+        print(f"the web log has tracebacks (the whole log: {kept}): " + web_log[web_log.index("Traceback"):][:3000])
     if plans:
         print(f"\nround planning (best of {options.plan_repeats}; {plans[PLAN_SIZES[0]]['n_train']:,} training rows)")
         print(f"{'devices':>8}{'units':>7}{'round_open ms':>15}{'(worst)':>9}{'CPU ms':>8}{'plan_shards ms':>16}")
@@ -632,7 +634,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes (default 3)")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
     parser.add_argument("--worker-class", default=WEB_WORKER,
-                        help=f"gunicorn's worker class (default {WEB_WORKER}, the site's; gthread: gunicorn's own)")
+                        help=f"gunicorn's worker class (default {WEB_WORKER}, as the site is deployed)")
     parser.add_argument("--new-devices", action="store_true", help="devices start new (every result re-executed)")
     parser.add_argument("--server-times", action="store_true",
                         help="also gunicorn's own time per request, from its access log (costs the web a little CPU)")

@@ -17,7 +17,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-WEB_WORKER = "muninn.web_worker.EpollThreadWorker"  # as docs/deploy.md runs the site; "gthread" is gunicorn's own
+WEB_WORKER = "gthread"  # gunicorn's threaded worker, as docs/deploy.md runs the site
 
 
 def free_port() -> int:
