@@ -66,7 +66,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
 from machine import disk_note, settled_disk_ms, wake_us, yardstick_s  # noqa: E402
 from load_world import World, build_world, environment, recreate_database, top_up  # noqa: E402
-from scripts.stack import WEB_WORKER  # noqa: E402
+from scripts.stack import WEB_WORKER, Stack, base_env, free_port  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
 
@@ -93,7 +93,6 @@ def main() -> int:
 
     call_command("migrate", verbosity=0)
     disk_ms = settled_disk_ms(tmp / "disk-probe")  # beside the site's blobs (MEDIA_ROOT), before any are written
-    from scripts.stack import Stack, base_env, free_port
 
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
         access_log = tmp / "access.log"  # --server-times: gunicorn's request time per request
@@ -123,7 +122,7 @@ def main() -> int:
     credit = _credit_owed()
     plans = {} if options.skip_planning else plan_timings(options)
     _report(options, world, phases, db_doubles, plans, web_log, credit, yardstick, disk_ms, wakes)
-    shutil.rmtree(tmp, ignore_errors=True)  # blobs, broker messages, logs (the web log's tracebacks were shown)
+    shutil.rmtree(tmp, ignore_errors=True)  # blobs, broker messages, logs (a web log with tracebacks was kept)
     return 0
 
 
