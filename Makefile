@@ -34,7 +34,7 @@ test: setup  ## the whole suite, on the local PostgreSQL and Redis (started if t
 test-fast: setup  ## for quick local runs: all but the real-process suites and the API contract run (CI runs all)
 	bash scripts/test.sh -m "not faults and not e2e and not browser and not contract"
 
-bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate.py), aiohttp (bench/load.py)
+bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate.py), aiohttp and uvloop (bench/load.py)
 	# --no-deps: flwr pins packaging<26 (kombu pins 26.3) and pulls ~35 server packages; this is the minimal
 	# set under which `flwr.server.strategy.aggregate` imports and runs.
 	# httpx comes whole (httpcore, h11, anyio): the stripe library builds an httpx client when httpx imports.
@@ -44,6 +44,8 @@ bench-deps: setup  ## benchmark-only packages: flwr's aggregate (bench/aggregate
 	# aiohttp: bench/load.py's 200 simulated devices on one core (attrs, idna, typing_extensions are already in).
 	$(PIP) install --quiet --no-deps aiohttp==3.14.3 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 \
 	  multidict==6.9.1 propcache==0.5.4 yarl==1.25.1
+	# uvloop: the simulated devices' event loop (bench/load.py --loop uvloop, its default), cheaper per wake-up.
+	$(PIP) install --quiet --no-deps uvloop==0.23.0
 
 clean:
 	rm -rf var
