@@ -33,7 +33,7 @@ shards in one blob) and the pure `federated.sharding.plan_shards` alone, for 10,
 (bench/load_planning.py runs this part alone).
 
     .venv/bin/python bench/load.py [--devices 200] [--seconds 20] [--rate 500] [--workers 3] [--threads 8]
-        [--worker-class CLASS] [--loop uvloop|asyncio]
+        [--worker-class CLASS] [--loop uvloop|asyncio] [--keep-alive 2]
 
 Needs PostgreSQL (`--database-url`, default postgres://postgres@127.0.0.1:5432/muninn_load; the database is
 dropped and recreated), aiohttp and uvloop (`make bench-deps`: the world registers its devices with aiohttp; the
@@ -99,10 +99,12 @@ def main() -> int:
 
     with Stack(env=base_env(**env), log_dir=tmp / "log") as stack:
         access_log = tmp / "access.log"  # --server-times: gunicorn's request time per request
-        logging_env = {**stack.env, "GUNICORN_CMD_ARGS": f"--access-logfile {access_log} "
-                                                         "--access-logformat %(U)s|%(D)s|%({x-bench-id}i)s|%(p)s"}
+        gunicorn_args = f"--keep-alive {options.keep_alive:g}"
+        if options.server_times:
+            gunicorn_args += (f" --access-logfile {access_log} "
+                              "--access-logformat %(U)s|%(D)s|%({x-bench-id}i)s|%(p)s")
         url = stack.web(free_port(), workers=options.workers, threads=options.threads,
-                        worker_class=options.worker_class, env=logging_env if options.server_times else None)
+                        worker_class=options.worker_class, env={**stack.env, "GUNICORN_CMD_ARGS": gunicorn_args})
         world = build_world(url, options)
         web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
         phases = {}
@@ -188,7 +190,8 @@ async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: f
     start = time.monotonic()
     stop_at = start + options.seconds
     interval = len(world.devices) / rate if rate else 0.0
-    connections = [Connection(address.hostname, address.port, device["token"]) for device in world.devices]
+    idle_s = max(options.keep_alive - 1.0, options.keep_alive / 2)  # closed by the device before the server would
+    connections = [Connection(address.hostname, address.port, device["token"], idle_s) for device in world.devices]
     lag = asyncio.ensure_future(_loop_lag(stats, stop_at))
     try:
         await asyncio.gather(lag, *(
@@ -218,13 +221,11 @@ class Connection:
     """One device's keep-alive HTTP/1.1 connection to the site, written and read by hand. The simulated devices
     share the site's two cores, so what they spend is taken from the site: aiohttp cost ~0.36 ms of CPU more per
     request than this (the devices' share went from 0.77 to 0.41 ms per op). Answers with a Content-Length or
-    chunked (gunicorn streams a file), and a connection idle for a second is closed before gunicorn closes it (its
-    keep-alive is 2 s), so no request is sent on a connection the server is closing."""
+    chunked (gunicorn streams a file), and a connection idle for `idle_s` (a second at gunicorn's default keep-alive
+    of 2 s) is closed before gunicorn closes it, so no request is sent on a connection the server is closing."""
 
-    IDLE_S = 1.0
-
-    def __init__(self, host: str, port: int, token: str) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, token: str, idle_s: float = 1.0) -> None:
+        self.host, self.port, self.idle_s = host, port, idle_s
         self.head = f"Host: {host}:{port}\r\nAuthorization: Device {token}\r\nUser-Agent: bench-load\r\n"
         self.reader = self.writer = None
         self.used = 0.0
@@ -236,7 +237,7 @@ class Connection:
 
     async def request(self, method: str, path: str, body: bytes = b"", content_type: str | None = None,
                       ident: int = 0) -> tuple[int, bytes]:
-        if self.writer is not None and time.monotonic() - self.used > self.IDLE_S:
+        if self.writer is not None and time.monotonic() - self.used > self.idle_s:
             self.close()
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
@@ -628,7 +629,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         **{f"plan_shards_ms_{size}": round(t["plan_shards_ms"], 3) for size, t in plans.items()},
         "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
         "workers": options.workers, "threads": options.threads, "worker_class": options.worker_class,
-        "loop": options.loop,
+        "loop": options.loop, "keep_alive": options.keep_alive,
         "load_average": round(load[0], 2),
         "yardstick_s": yardstick, "new_file_ms": disk_ms, "wake_us": wakes,
     }))
@@ -646,6 +647,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
     parser.add_argument("--worker-class", default=WEB_WORKER,
                         help=f"gunicorn's worker class (default {WEB_WORKER}, as the site is deployed)")
+    parser.add_argument("--keep-alive", type=float, default=2.0,
+                        help="gunicorn's keep-alive in seconds (default 2, gunicorn's own); the devices close a "
+                             "connection idle for a second less")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="the simulated devices' event loop (default uvloop: it costs the shared cores less)")
     parser.add_argument("--new-devices", action="store_true", help="devices start new (every result re-executed)")
