@@ -649,7 +649,7 @@ def _parse_args() -> argparse.Namespace:
                         help=f"gunicorn's worker class (default {WEB_WORKER}, as the site is deployed)")
     parser.add_argument("--keep-alive", type=float, default=2.0,
                         help="gunicorn's keep-alive in seconds (default 2, gunicorn's own); the devices close a "
-                             "connection idle for a second less")
+                             "connection idle for a second less (for half of it, below 2 s)")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="the simulated devices' event loop (default uvloop: it costs the shared cores less)")
     parser.add_argument("--new-devices", action="store_true", help="devices start new (every result re-executed)")
