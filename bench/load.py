@@ -177,11 +177,20 @@ class WeightsCache:
 
 
 def _run_loop(kind: str, coroutine):
-    if kind == "uvloop":
-        import uvloop
+    """Run the devices: on one torch thread (their results' tensors are tiny; torch's default pool of a thread
+    per core spun on the cores the site needs), on `kind`'s event loop."""
+    import torch
 
-        return uvloop.run(coroutine)
-    return asyncio.run(coroutine)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if kind == "uvloop":
+            import uvloop
+
+            return uvloop.run(coroutine)
+        return asyncio.run(coroutine)
+    finally:
+        torch.set_num_threads(threads)
 
 
 async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: float) -> Stats:
@@ -356,7 +365,9 @@ def _result(unit: dict, state: dict, claimed: float, rng: random.Random) -> tupl
     generator = torch.Generator().manual_seed(rng.getrandbits(62))
     nudged = {name: (value + 1e-3 * torch.randn(value.shape, generator=generator) if value.is_floating_point()
                      else value) for name, value in state.items()}
-    out = codec.encode_update(nudged, state, unit.get("encoding", "fp32"))  # as the worker client uploads it
+    encoding = unit.get("encoding", "fp32")
+    encoded = codec.encode_tensors(nudged, state, encoding)
+    out = codec.pack(encoded, encoding)  # as the worker client uploads it (codec.encode_update)
     now = datetime.now(UTC)
     seconds = time.monotonic() - claimed
     train = unit["train"]
@@ -371,7 +382,9 @@ def _result(unit: dict, state: dict, claimed: float, rng: random.Random) -> tupl
     first = _FIRST[key]
     middle = [[f"{rng.getrandbits(256):064x}"] * 2
               for _ in range(segments.segment_count(steps, train["segment_steps"]) - 1)]
-    last = [segments.commitment(codec.decode_update(out, state, unit.get("encoding", "fp32")), {})[0], "0" * 64]
+    # What the site decodes from `out`, without inflating and parsing it again (codec.roundtrip: the same values)
+    last = [segments.commitment(codec.decode_tensors(tensors.plain_tensors(encoded), state, encoding), {})[0],
+            "0" * 64]
     receipt = {
         "unit": unit["id"], "weights_sha256": unit["weights_sha256"], "shard_sha256": unit["shard_sha256"],
         "output_sha256": tensors.sha256_hex(out), "samples": unit["samples"],
