@@ -68,6 +68,7 @@ from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is thi
 from machine import disk_note, settled_disk_ms, wake_us, yardstick_s  # noqa: E402
 from load_world import World, build_world, environment, recreate_database, top_up  # noqa: E402
 from scripts.stack import WEB_WORKER, Stack, base_env, free_port  # noqa: E402
+from muninn_worker import heap  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
 
@@ -110,6 +111,10 @@ def main() -> int:
         phases = {}
         for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
             top_up(world)  # each phase starts with the world's queue (the first: as built)
+            # The devices' process holds Django, torch and the world: the collector's full passes over all of it
+            # stopped every device for 100-220 ms every few seconds (their event loop's lag), and the requests
+            # they had in flight looked that much slower. Exempted, as the site's processes are (muninn/wsgi.py).
+            heap.freeze()
             before = _cpu_seconds(web_pid, options.database_url)
             logged = access_log.stat().st_size if options.server_times else 0
             phases[phase] = _run_loop(options.loop, _drive(url, world, options, rate=rate))
@@ -525,6 +530,28 @@ def _result_share(stats: Stats, window: float = 0.5) -> tuple[float, float]:
     return (min(full), max(full)) if full else (0.0, 0.0)
 
 
+def _tail_in_time(stats: Stats, window: float = 1.0) -> dict:
+    """When the slowest 1 % were sent: the share of them in the worst `window` and when it began (s into the
+    phase), and the median over the phase's full windows of each window's own p99. An episode (a stall, or a queue
+    that built up for a second at a rate near the cores' limit) shows as most of the slowest in one window, with a
+    median p99 far below the phase's; a tail spread over the phase does not."""
+    if len(stats.sent) < 100:
+        return {}
+    first = min(t for t, *_ in stats.sent)
+    cut = sorted(took for _, _, took, _ in stats.sent)[int(len(stats.sent) * 0.99)]
+    by_window: dict[int, list[float]] = defaultdict(list)
+    slowest: dict[int, int] = defaultdict(int)
+    for t, _, took, _ in stats.sent:
+        k = int((t - first) / window)
+        by_window[k].append(took)
+        slowest[k] += took >= cut
+    worst = max(slowest, key=slowest.get)
+    full = [_quantile(v, 0.99) for k, v in by_window.items() if 0 < k < max(by_window)]
+    return {"worst_share": round(slowest[worst] / max(1, sum(slowest.values())), 2),
+            "worst_at_s": round(worst * window, 1),
+            "p99_ms_per_window_median": round(_quantile(full, 0.5) * 1e3, 1) if full else None}
+
+
 def _tail(stats: Stats) -> dict:
     """The slowest 1 % of the requests matched to gunicorn's log, as their devices saw them: how much of their time
     gunicorn counted, and how much it did not (a request waiting for the worker's main thread and a free thread,
@@ -587,6 +614,11 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
             print("gunicorn's worker processes, their share of the requests (p99 as the devices saw it): " + ", ".join(
                 f"{share:.0%} ({p99:.0f} ms)" for share, p99 in zip(tail["process_shares"], tail["process_p99_ms"])))
         print(f"the ops' mix: results were {mix[0]:.0%}-{mix[1]:.0%} of the ops sent in each half second")
+        when = _tail_in_time(stats)
+        if when:
+            print(f"the slowest 1 % in time: {when['worst_share']:.0%} of them sent in the worst second (from "
+                  f"{when['worst_at_s']:.0f} s); each second's own p99, median over the phase: "
+                  f"{when['p99_ms_per_window_median']:.1f} ms")
         again, doubles = _client_double_leases(stats)
         print(f"empty claims (204) {stats.empty_claims}; units leased again {again}, overlapping (client) {doubles}")
         all_lat = [x for v in stats.latencies.values() for x in v]
@@ -596,7 +628,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                           "results_per_s": round(stats.ok("result") / options.seconds, 1),
                           "errors": stats.failed(), "conflicts": stats.conflicts(), "client_double_leases": doubles,
                           "empty_claims": stats.empty_claims,
-                          "result_share": [round(x, 2) for x in mix],
+                          "result_share": [round(x, 2) for x in mix], "tail_in_time": when,
                           "cpu_ms_per_op": {k: round(v, 2) for k, v in per_op.items()},
                           "cpu_bound_ops_per_s": round(os.cpu_count() * 1e3 / server, 1) if server else None}
         if stats.server:
@@ -626,6 +658,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         "p99_ms": figures["paced"]["p99_ms"], "double_leases": max(client_doubles, db["double_leases"]),
         "errors": sum(f["errors"] for f in figures.values()),
         "paced_ops_per_s": figures["paced"]["ops_per_s"], "paced_result_share": figures["paced"]["result_share"],
+        "paced_tail_in_time": figures["paced"]["tail_in_time"],
         "saturated_p99_ms": figures["saturated"]["p99_ms"],
         "saturated_results_per_s": figures["saturated"]["results_per_s"],
         "cpu_ms_per_op": figures["saturated"]["cpu_ms_per_op"],
