@@ -6,7 +6,6 @@ import functools
 import logging
 import threading
 import time
-from collections import OrderedDict
 
 import torch
 from django.conf import settings
@@ -19,6 +18,7 @@ from jobs import storage
 from jobs.models import Round, WorkUnit
 from jobs.signals import round_complete
 from muninn import sql
+from muninn.lru import SizedLRU
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 from muninn.failpoints import failpoint
 
@@ -317,9 +317,11 @@ def _check(*, device: Device, unit: WorkUnit, lease: Lease, weights: bytes, outp
     return evidence, state, state_bytes, reference
 
 
-_REFERENCES: OrderedDict[str, dict] = OrderedDict()  # a round's weights sha256 → its tensors, decoded once
-_REFERENCES_LOCK = threading.Lock()
-REFERENCES_KEPT = 8  # rounds; only weights storage.blob_get_cached keeps (≤ 8 MB each): ≤ 64 MB a process
+# A round's weights sha256 → its tensors, decoded once: up to 64 MB a process, none over 8 MB (the blobs
+# storage.blob_get_cached keeps). Bounded by a count of eight, bench/load.py's 40 jobs' rounds were decoded again
+# and again.
+REFERENCES_BYTES = 64 * 2**20
+_REFERENCES: SizedLRU[str, dict] = SizedLRU(REFERENCES_BYTES, largest=REFERENCES_BYTES // 8)
 
 
 def _reference(sha256: str, data: bytes) -> dict:
@@ -328,18 +330,10 @@ def _reference(sha256: str, data: bytes) -> dict:
     a kept copy is never stale. READ ONLY: every check reads it (codec.decode_update makes new tensors;
     _check_model copies it into its own), and tests/test_results_reference.py holds that to a result's whole
     path."""
-    with _REFERENCES_LOCK:
-        found = _REFERENCES.get(sha256)
-        if found is not None:
-            _REFERENCES.move_to_end(sha256)
-            return found
-    decoded = tensors.bytes_to_state_dict(data)
-    if len(data) <= storage.CACHE_BYTES // 8:
-        with _REFERENCES_LOCK:
-            decoded = _REFERENCES.setdefault(sha256, decoded)
-            while len(_REFERENCES) > REFERENCES_KEPT:
-                _REFERENCES.popitem(last=False)
-    return decoded
+    found = _REFERENCES.get(sha256)
+    if found is not None:
+        return found
+    return _REFERENCES.put(sha256, tensors.bytes_to_state_dict(data), len(data))
 
 
 # A job's bound, once the median of NORM_BOUND_STABLE_UNITS or more, is recomputed at most every NORM_BOUND_TTL_S per
@@ -446,7 +440,7 @@ def _shard_losses(unit: WorkUnit, reference: dict, state: dict) -> tuple[float, 
 
 
 _CHECK_MODELS = threading.local()  # per request thread: job id → its model, weights loaded afresh for each result
-CHECK_MODELS_KEPT = 8
+CHECK_MODELS_BYTES = 64 * 2**20  # a thread's models' tensors at most (one resnet18 is ~45 MB; a digits MLP ~40 KB)
 
 
 def _check_model(job, state: dict):
@@ -457,13 +451,12 @@ def _check_model(job, state: dict):
         return jobs.job_model(job, state)
     kept = getattr(_CHECK_MODELS, "by_job", None)
     if kept is None:
-        kept = _CHECK_MODELS.by_job = {}
+        kept = _CHECK_MODELS.by_job = SizedLRU(CHECK_MODELS_BYTES)
     entry = kept.get(job.pk)
     if entry is None:
-        if len(kept) >= CHECK_MODELS_KEPT:
-            kept.clear()
         model = zoo.build_model(job.template, job.model_config).eval()  # kept in eval mode: loss_on need not walk it
-        entry = kept[job.pk] = (model, model.state_dict(keep_vars=True))
+        slots = model.state_dict(keep_vars=True)
+        entry = kept.put(job.pk, (model, slots), sum(t.numel() * t.element_size() for t in slots.values()))
     model, slots = entry
     if state.keys() != slots.keys() or any(state[k].shape != t.shape for k, t in slots.items()):
         model.load_state_dict(state)  # not this model's tensors: load_state_dict says how

@@ -6,14 +6,13 @@ task that runs twice writes the same file.
 import hashlib
 import io
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, default_storage
 from django.utils._os import safe_makedirs
+from muninn.lru import SizedLRU
 
 from . import sealing
 
@@ -110,29 +109,17 @@ def blob_get(sha256: str) -> bytes:
         return f.read()
 
 
-_CACHE: OrderedDict[str, bytes] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
 CACHE_BYTES = 64 * 2**20  # the most bytes blob_get_cached keeps in a process
-_cached_bytes = 0
+_CACHE: SizedLRU[str, bytes] = SizedLRU(CACHE_BYTES, largest=CACHE_BYTES // 8)
 
 
 def blob_get_cached(sha256: str) -> bytes:
     """blob_get for blobs read again and again (a round's global weights, read by every result's checks): a blob is
     named by its content, so a copy kept in memory is never stale. The least recently used go first."""
-    with _CACHE_LOCK:
-        data = _CACHE.get(sha256)
-        if data is not None:
-            _CACHE.move_to_end(sha256)
-            return data
-    data = blob_get(sha256)
-    global _cached_bytes
-    if len(data) <= CACHE_BYTES // 8:
-        with _CACHE_LOCK:
-            if sha256 not in _CACHE:
-                _CACHE[sha256] = data
-                _cached_bytes += len(data)
-            while _cached_bytes > CACHE_BYTES:
-                _cached_bytes -= len(_CACHE.popitem(last=False)[1])
+    data = _CACHE.get(sha256)
+    if data is None:
+        data = blob_get(sha256)
+        data = _CACHE.put(sha256, data, len(data))
     return data
 
 
