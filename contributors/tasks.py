@@ -7,10 +7,10 @@ import time
 
 from celery import current_app, shared_task
 from django.conf import settings
-from django.db import transaction
 from django.dispatch import receiver
 
 from jobs import services as jobs
+from muninn.celery import send_after_commit
 
 from . import challenges, credit, peers, selectors, verification
 from .signals import credit_due, reexecution_due
@@ -20,12 +20,14 @@ log = logging.getLogger(__name__)
 
 @receiver(reexecution_due, dispatch_uid="contributors.verify_on_commit")
 def _verify_on_commit(sender, unit_id: int, **kwargs) -> None:
-    transaction.on_commit(lambda: verify_unit.delay(unit_id))
+    send_after_commit(lambda: verify_unit.delay(unit_id), what=f"unit {unit_id}'s check",
+                      sweeper="sweep_pending_verifications")
 
 
 @receiver(credit_due, dispatch_uid="contributors.credit_on_commit")
 def _credit_on_commit(sender, job_id: int, **kwargs) -> None:
-    transaction.on_commit(lambda: _credit_soon(job_id))
+    send_after_commit(lambda: _credit_soon(job_id), what=f"job {job_id}'s credit batch",
+                      sweeper="sweep_pending_credits")
 
 
 _credit_due_at = 0.0  # when (time.time) the batch this process last sent runs

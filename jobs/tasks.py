@@ -7,8 +7,9 @@ service's change calls for (services never import tasks).
 import logging
 
 from celery import shared_task
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.dispatch import receiver
+from muninn.celery import send_after_commit
 
 from . import services, wakeups
 from .models import Job, Round
@@ -46,18 +47,21 @@ def open_round(job_id: int) -> int | None:
 @receiver(job_started, dispatch_uid="jobs.open_first_round")
 def _open_first_round(sender, job, **kwargs) -> None:
     """A job started: its first round opens once the start commits (the hold placed with it)."""
-    transaction.on_commit(lambda: open_round.delay(job.pk))
+    send_after_commit(lambda: open_round.delay(job.pk), what=f"job {job.pk}'s first round",
+                      sweeper="resume_stalled_jobs")
 
 
 @receiver(round_complete, dispatch_uid="jobs.aggregate_on_commit")
 def _aggregate_on_commit(sender, round_id: int, **kwargs) -> None:
     """Every unit of a round is done: it is aggregated (and the next round opened) once that commits."""
-    transaction.on_commit(lambda: aggregate_round.delay(round_id))
+    send_after_commit(lambda: aggregate_round.delay(round_id), what=f"round {round_id}'s aggregation",
+                      sweeper="resume_stalled_jobs")
 
 
 @receiver(prediction_batch_created, dispatch_uid="jobs.predict_on_commit")
 def _predict_on_commit(sender, batch_id: int, **kwargs) -> None:
-    transaction.on_commit(lambda: predict_batch.delay(batch_id))
+    send_after_commit(lambda: predict_batch.delay(batch_id), what=f"prediction batch {batch_id}",
+                      sweeper="resume_stalled_jobs")
 
 
 @shared_task(name="jobs.tasks.predict_batch")

@@ -198,3 +198,56 @@ def test_one_credit_message_per_batch_window_for_every_job(settings, monkeypatch
     tasks._credit_soon(7)
     tasks._credit_soon(7)
     assert sent[-2:] == [((7,), 0), ((7,), 0)]
+
+
+def test_a_broker_that_refuses_the_messages_after_the_commit_costs_the_devices_nothing(veterans, monkeypatch,
+                                                                                      settings, caplog):
+    """An accepted result's messages (its job's credit batch; the aggregation, when it was its round's last) are
+    sent after its commit. A broker that refuses them then must not answer a 500 for work the site has kept (the
+    device would send it again, and count an error): the refusals are logged, and beat's sweepers do the rest."""
+    from celery.app.task import Task
+    from kombu.exceptions import OperationalError
+
+    from jobs import tasks as job_tasks
+    from muninn import celery_app
+
+    (a, b), job = veterans
+
+    def refused(*args, **kwargs):
+        raise OperationalError("[Errno 111] Connection refused")
+
+    accepted = []
+    with monkeypatch.context() as down:  # messages go to the broker, which is down
+        down.setattr(Task, "apply_async", refused)
+        celery_app.conf.task_always_eager = False  # (conftest's _eager_celery sets it back for the next test)
+        idle = 0
+        while idle < 2:  # until neither device gets a unit: the next round opens only once this one is aggregated
+            for device in (a, b):
+                unit = device.claim()
+                idle = idle + 1 if unit is None else 0
+                if unit is not None:
+                    response = device.submit(unit["id"], *device.train(unit))
+                    assert response.status_code == 201, response.content
+                    accepted.append(unit["id"])
+
+        celery_app.conf.task_always_eager = True
+
+    first = job.round_set.get(number=1)
+    assert accepted and set(accepted) == set(first.units.filter(status=WorkUnit.Status.ACCEPTED)
+                                             .values_list("id", flat=True))
+    assert not first.units.exclude(status__in=[WorkUnit.Status.ACCEPTED, WorkUnit.Status.CANCELLED]).exists()
+    assert all(r.status == Receipt.Status.ACCEPTED and r.credit_pending
+               for r in Receipt.objects.filter(unit_id__in=accepted))
+    first.refresh_from_db()
+    assert first.status == first.Status.OPEN  # complete, but its aggregation's message was refused
+    refusals = [r.getMessage() for r in caplog.records if "the message was not sent" in r.getMessage()]
+    assert any("credit batch" in m for m in refusals) and any("aggregation" in m for m in refusals)
+
+    settings.MUNINN_STALL_SECONDS = 0  # the broker is back (and the tests' Celery eager again); beat's sweepers run
+    tasks.sweep_pending_credits()
+    job_tasks.resume_stalled_jobs()
+
+    assert all(charges(unit_id) == 1 for unit_id in accepted)
+    assert not Receipt.objects.filter(unit_id__in=accepted, credit_pending=True).exists()
+    first.refresh_from_db()
+    assert first.status != first.Status.OPEN and job.round_set.filter(number=2).exists()

@@ -58,3 +58,24 @@ def _close_old_connections(sender=None, **kwargs) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+def send_after_commit(send, *, what: str, sweeper: str) -> None:
+    """Run `send` (it sends a Celery message) once the current transaction commits, at once outside one. The work
+    the message is for is committed by then: a broker that refuses it (down, unreachable, its disk full) must not
+    turn that work into an error for the request that did it, which a client would then retry. So the error is
+    logged, and beat's `sweeper` does what the message would have (every message sent this way has one). With eager
+    Celery (the tests) `send` runs the task itself, whose errors are not the broker's: they propagate."""
+    from django.db import transaction
+
+    def run() -> None:
+        if app.conf.task_always_eager:
+            send()
+            return
+        try:
+            send()
+        except Exception:  # noqa: BLE001 - not eager, so only the message's sending ran: the sweeper covers for it
+            log.error("%s: the message was not sent (the broker refused it); beat's %s will do it", what, sweeper,
+                      exc_info=True)
+
+    transaction.on_commit(run)
