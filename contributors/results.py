@@ -18,9 +18,9 @@ from jobs import storage
 from jobs.models import Round, WorkUnit
 from jobs.signals import round_complete
 from muninn import sql
-from muninn.lru import SizedLRU
 from muninn.errors import Conflict, InvalidInput, NotFound, TooLarge
 from muninn.failpoints import failpoint
+from muninn.lru import SizedLRU
 
 from . import challenges, checks, reputation, selectors, services
 from .authentication import touch
