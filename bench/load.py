@@ -515,19 +515,25 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def _windows(stats: Stats, window: float) -> tuple[dict[int, list[tuple]], list[int]]:
+    """The phase's ops ((name, took) each) by the `window` they were sent in (0: the first), and the full windows
+    among them (not the first and the last, which the phase's start and end cut short)."""
+    first = min(t for t, *_ in stats.sent)
+    ops: dict[int, list[tuple]] = defaultdict(list)
+    for t, name, took, _ in stats.sent:
+        ops[int((t - first) / window)].append((name, took))
+    last = max(ops)
+    return ops, [k for k in ops if 0 < k < last]
+
+
 def _result_share(stats: Stats, window: float = 0.5) -> tuple[float, float]:
     """The least and the most of the ops sent in a window that were results, over the phase's full windows: a
     third each when the devices' ops are mixed as a market's are, not all devices posting results at once."""
     if not stats.sent:
         return 0.0, 0.0
-    first = min(t for t, *_ in stats.sent)
-    ops: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for t, name, *_ in stats.sent:
-        counts = ops[int((t - first) / window)]
-        counts[0] += 1
-        counts[1] += name == "result"
-    full = [results / n for k, (n, results) in ops.items() if 0 < k < max(ops)]  # not the first and last windows
-    return (min(full), max(full)) if full else (0.0, 0.0)
+    ops, full = _windows(stats, window)
+    shares = [sum(name == "result" for name, _ in ops[k]) / len(ops[k]) for k in full]
+    return (min(shares), max(shares)) if shares else (0.0, 0.0)
 
 
 def _tail_in_time(stats: Stats, window: float = 1.0) -> dict:
@@ -537,19 +543,14 @@ def _tail_in_time(stats: Stats, window: float = 1.0) -> dict:
     median p99 far below the phase's; a tail spread over the phase does not."""
     if len(stats.sent) < 100:
         return {}
-    first = min(t for t, *_ in stats.sent)
     cut = sorted(took for _, _, took, _ in stats.sent)[int(len(stats.sent) * 0.99)]
-    by_window: dict[int, list[float]] = defaultdict(list)
-    slowest: dict[int, int] = defaultdict(int)
-    for t, _, took, _ in stats.sent:
-        k = int((t - first) / window)
-        by_window[k].append(took)
-        slowest[k] += took >= cut
+    ops, full = _windows(stats, window)
+    slowest = {k: sum(took >= cut for _, took in v) for k, v in ops.items()}
     worst = max(slowest, key=slowest.get)
-    full = [_quantile(v, 0.99) for k, v in by_window.items() if 0 < k < max(by_window)]
+    p99s = [_quantile([took for _, took in ops[k]], 0.99) for k in full]
     return {"worst_share": round(slowest[worst] / max(1, sum(slowest.values())), 2),
             "worst_at_s": round(worst * window, 1),
-            "p99_ms_per_window_median": round(_quantile(full, 0.5) * 1e3, 1) if full else None}
+            "p99_ms_per_window_median": round(_quantile(p99s, 0.5) * 1e3, 1) if p99s else None}
 
 
 def _tail(stats: Stats) -> dict:
