@@ -111,13 +111,17 @@ def main() -> int:
         phases = {}
         for phase, rate in (("saturated", 0.0), ("paced", options.rate)):
             top_up(world)  # each phase starts with the world's queue (the first: as built)
+            updates = Updates()
+            made, made_s = updates.prepare(random.Random(phase))
             # The devices' process holds Django, torch and the world: the collector's full passes over all of it
             # stopped every device for 100-220 ms every few seconds (their event loop's lag), and the requests
             # they had in flight looked that much slower. Exempted, as the site's processes are (muninn/wsgi.py).
             heap.freeze()
             before = _cpu_seconds(web_pid, options.database_url)
             logged = access_log.stat().st_size if options.server_times else 0
-            phases[phase] = _run_loop(options.loop, _drive(url, world, options, rate=rate))
+            phases[phase] = _run_loop(options.loop, _drive(url, world, options, updates, rate=rate))
+            phases[phase].updates = {"made_before": made, "made_before_s": round(made_s, 1),
+                                     "made_live": updates.made_live}
             after = _cpu_seconds(web_pid, options.database_url)
             if options.server_times:
                 phases[phase].server, by_id = _server_times(access_log, logged)
@@ -153,6 +157,7 @@ class Stats:
     loop_lag: list[float] = field(default_factory=list)  # how late the devices' event loop woke, every 5 ms
     # (when it was sent, op, its time as the device saw it, its X-Bench-Id or 0) of every op that ended in the window
     sent: list[tuple[float, str, float, int]] = field(default_factory=list)
+    updates: dict = field(default_factory=dict)  # the devices' updates: made before the phase, made during it
 
     def ok(self, op: str | None = None) -> int:
         ops = [op] if op else list(self.statuses)
@@ -198,7 +203,7 @@ def _run_loop(kind: str, coroutine):
         torch.set_num_threads(threads)
 
 
-async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: float) -> Stats:
+async def _drive(url: str, world: World, options: argparse.Namespace, updates: Updates, *, rate: float) -> Stats:
     stats, cache = Stats(), WeightsCache()
     address = urlsplit(url)
     start = time.monotonic()
@@ -209,8 +214,8 @@ async def _drive(url: str, world: World, options: argparse.Namespace, *, rate: f
     lag = asyncio.ensure_future(_loop_lag(stats, stop_at))
     try:
         await asyncio.gather(lag, *(
-            _device(connection, device, stats, cache, options, start=start, stop_at=stop_at, interval=interval,
-                    rng=random.Random(i))
+            _device(connection, device, stats, cache, updates, options, start=start, stop_at=stop_at,
+                    interval=interval, rng=random.Random(i))
             for i, (connection, device) in enumerate(zip(connections, world.devices))))
     finally:
         for connection in connections:
@@ -290,7 +295,7 @@ class Connection:
         return status, (await self.reader.readexactly(length) if length else b""), keep
 
 
-async def _device(connection: Connection, device: dict, stats: Stats, cache: WeightsCache,
+async def _device(connection: Connection, device: dict, stats: Stats, cache: WeightsCache, updates: Updates,
                   options: argparse.Namespace, *, start: float, stop_at: float, interval: float,
                   rng: random.Random) -> None:
     """One device: claim, heartbeat, post a result, again, until the time is up; paced, when `interval` is set,
@@ -351,7 +356,7 @@ async def _device(connection: Connection, device: dict, stats: Stats, cache: Wei
         for _ in range(options.heartbeats):
             await op("heartbeat", "POST", f"/api/worker/units/{unit['id']}/heartbeat")
         state = await cache.state(unit["weights_sha256"], lambda: fetch_weights(unit["id"]))
-        weights, receipt = _result(unit, state, claimed, rng)
+        weights, receipt = _result(unit, state, claimed, rng, updates)
         body = json.dumps(receipt)
         form, form_type = _form(weights, body, base64.b64encode(key.sign(body.encode())).decode())
         sent = time.monotonic()
@@ -362,17 +367,71 @@ async def _device(connection: Connection, device: dict, stats: Stats, cache: Wei
 _FIRST: dict[tuple, list[str]] = {}  # (weights, optimizer, momentum) → boundary 0's commitment
 
 
-def _result(unit: dict, state: dict, claimed: float, rng: random.Random) -> tuple[bytes, dict]:
-    """The global weights nudged a little: a valid, unique result that passes every check of the site."""
+class Updates:
+    """The devices' updates, made before each phase: a real device's update costs its own machine, not the cores
+    the site runs on, and making one here (nudging, encoding and hashing the weights) was ~1 ms of the devices'
+    CPU, a third of all they spent. Each is used once, so every upload the site sees is still unique; a round
+    with none left (a unit leased again) gets one made on the spot, counted in `made_live`."""
+
+    def __init__(self) -> None:
+        self._ready: dict[tuple[str, str], list[tuple[bytes, str, str]]] = defaultdict(list)
+        self.made_live = 0
+
+    def prepare(self, rng: random.Random) -> tuple[int, float]:
+        """One update per queued unit, for each round with queued units; (how many, seconds it took)."""
+        import torch
+        from django.db.models import Count
+
+        from jobs import storage
+        from jobs.models import WorkUnit
+        from muninn_worker import tensors
+
+        started, threads = time.perf_counter(), torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self._ready.clear()
+            queued = (WorkUnit.objects.filter(status=WorkUnit.Status.QUEUED)
+                      .values_list("round__weights_sha256", "round__job__update_encoding").annotate(n=Count("id")))
+            for sha, encoding, n in queued:
+                state = tensors.bytes_to_state_dict(storage.blob_get(sha))
+                self._ready[sha, encoding] = [_update(state, encoding, rng) for _ in range(n)]
+        finally:
+            torch.set_num_threads(threads)
+        return sum(map(len, self._ready.values())), time.perf_counter() - started
+
+    def take(self, sha: str, state: dict, encoding: str, rng: random.Random) -> tuple[bytes, str, str]:
+        ready = self._ready.get((sha, encoding))
+        if ready:
+            return ready.pop()
+        self.made_live += 1
+        return _update(state, encoding, rng)
+
+
+def _update(state: dict, encoding: str, rng: random.Random) -> tuple[bytes, str, str]:
+    """The global weights nudged a little, encoded as the worker client uploads them: (the upload, its sha256,
+    the commitment to what the site decodes from it, the receipt chain's last)."""
     import torch
-    from muninn_worker import codec, order, segments, tensors, training, zoo
+    from muninn_worker import codec, segments, tensors
 
     generator = torch.Generator().manual_seed(rng.getrandbits(62))
     nudged = {name: (value + 1e-3 * torch.randn(value.shape, generator=generator) if value.is_floating_point()
                      else value) for name, value in state.items()}
-    encoding = unit.get("encoding", "fp32")
     encoded = codec.encode_tensors(nudged, state, encoding)
     out = codec.pack(encoded, encoding)  # as the worker client uploads it (codec.encode_update)
+    # What the site decodes from `out`, without inflating and parsing it again (codec.roundtrip: the same values)
+    last = segments.commitment(codec.decode_tensors(tensors.plain_tensors(encoded), state, encoding), {})[0]
+    return out, tensors.sha256_hex(out), last
+
+
+def _result(unit: dict, state: dict, claimed: float, rng: random.Random,
+            updates: Updates | None = None) -> tuple[bytes, dict]:
+    """A valid, unique result that passes every check of the site: an update (made before the phase, when
+    `updates` has one) and its receipt."""
+    from muninn_worker import order, segments, training, zoo
+
+    encoding = unit.get("encoding", "fp32")
+    out, out_sha, last = (updates.take(unit["weights_sha256"], state, encoding, rng) if updates
+                          else _update(state, encoding, rng))
     now = datetime.now(UTC)
     seconds = time.monotonic() - claimed
     train = unit["train"]
@@ -387,15 +446,12 @@ def _result(unit: dict, state: dict, claimed: float, rng: random.Random) -> tupl
     first = _FIRST[key]
     middle = [[f"{rng.getrandbits(256):064x}"] * 2
               for _ in range(segments.segment_count(steps, train["segment_steps"]) - 1)]
-    # What the site decodes from `out`, without inflating and parsing it again (codec.roundtrip: the same values)
-    last = [segments.commitment(codec.decode_tensors(tensors.plain_tensors(encoded), state, encoding), {})[0],
-            "0" * 64]
     receipt = {
         "unit": unit["id"], "weights_sha256": unit["weights_sha256"], "shard_sha256": unit["shard_sha256"],
-        "output_sha256": tensors.sha256_hex(out), "samples": unit["samples"],
+        "output_sha256": out_sha, "samples": unit["samples"],
         "steps": steps, "loss_before": 2.30, "loss_after": 2.29,
         "started_at": now.isoformat(), "finished_at": now.isoformat(), "train_seconds": seconds,
-        "segment_steps": train["segment_steps"], "checkpoints": [first, *middle, last],
+        "segment_steps": train["segment_steps"], "checkpoints": [first, *middle, [last, "0" * 64]],
     }
     return out, receipt
 
@@ -622,13 +678,15 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
                   f"{when['p99_ms_per_window_median']:.1f} ms")
         again, doubles = _client_double_leases(stats)
         print(f"empty claims (204) {stats.empty_claims}; units leased again {again}, overlapping (client) {doubles}")
+        print(f"the devices' updates: {stats.updates['made_before']:,} made before the phase (in "
+              f"{stats.updates['made_before_s']:.1f} s), {stats.updates['made_live']} during it")
         all_lat = [x for v in stats.latencies.values() for x in v]
         figures[phase] = {"ops_per_s": round(stats.ok() / options.seconds, 1),
                           "p50_ms": round(_quantile(all_lat, 0.5) * 1e3, 1),
                           "p99_ms": round(_quantile(all_lat, 0.99) * 1e3, 1),
                           "results_per_s": round(stats.ok("result") / options.seconds, 1),
                           "errors": stats.failed(), "conflicts": stats.conflicts(), "client_double_leases": doubles,
-                          "empty_claims": stats.empty_claims,
+                          "empty_claims": stats.empty_claims, "updates": stats.updates,
                           "result_share": [round(x, 2) for x in mix], "tail_in_time": when,
                           "cpu_ms_per_op": {k: round(v, 2) for k, v in per_op.items()},
                           "cpu_bound_ops_per_s": round(os.cpu_count() * 1e3 / server, 1) if server else None}
@@ -667,6 +725,7 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         # what decides the paced p99: an op paced costs more than one saturated (threads wake for each request)
         "paced_cpu_ms_per_op": figures["paced"]["cpu_ms_per_op"],
         "credit_cpu_ms_per_result": credit["cpu_ms_per_result"],
+        "updates_made_live": sum(f["updates"]["made_live"] for f in figures.values()),
         **({"server_p50_ms": figures["paced"]["server_p50_ms"], "server_p99_ms": figures["paced"]["server_p99_ms"],
             "paced_tail": figures["paced"]["tail"]} if options.server_times else {}),
         "conflicts": sum(f["conflicts"] for f in figures.values()),
