@@ -18,8 +18,9 @@ does) plus a small random change, so every check of the site runs on them (signa
 shapes, update norm, timing, the loss on 64 samples of the shard). The updates are made before each phase, one per
 queued unit, each used once (`Updates`): a real device's update costs its own machine, not the site's cores.
 The devices are made veterans (a long streak of verified results, written straight to their rows), as most
-devices of a running market are: their results are re-executed at the 5 % floor and the rest accepted at once, their charges owed to the credit task.
-New devices (`--new-devices`) are always re-executed instead: their results only queue a validation task.
+devices of a running market are: their results are re-executed at the 5 % floor and the rest accepted at once,
+their charges owed to the credit task. New devices (`--new-devices`) are always re-executed instead: their results
+only queue a validation task.
 Re-executions, aggregations and credits are queued on a filesystem broker in the run's temporary folder
 (`--broker` to use another) and not run: they are Celery's work, not the web's. The charges owed are posted
 afterwards, here, as the credit task does, and its CPU per result is reported.
