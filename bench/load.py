@@ -372,8 +372,8 @@ _FIRST: dict[tuple, list[str]] = {}  # (weights, optimizer, momentum) → bounda
 class Updates:
     """The devices' updates, made before each phase: a real device's update costs its own machine, not the cores
     the site runs on, and making one here (nudging, encoding and hashing the weights) was ~1 ms of the devices'
-    CPU, a third of all they spent. Each is used once, so every upload the site sees is still unique; a round
-    with none left (a unit leased again) gets one made on the spot, counted in `made_live`."""
+    CPU a result, about half of all they spent. Each is used once, so every upload the site sees is still unique;
+    a round with none left (a unit leased again) gets one made on the spot, counted in `made_live`."""
 
     def __init__(self) -> None:
         self._ready: dict[tuple[str, str], list[tuple[bytes, str, str]]] = defaultdict(list)
