@@ -376,7 +376,7 @@ class Updates:
     a round with none left (a unit leased again) gets one made on the spot, counted in `made_live`."""
 
     def __init__(self) -> None:
-        self._ready: dict[tuple[str, str], list[tuple[bytes, str, str]]] = defaultdict(list)
+        self._ready: dict[tuple[str, str], list[tuple[bytes, str, str]]] = {}
         self.made_live = 0
 
     def prepare(self, rng: random.Random) -> tuple[int, float]:
@@ -391,7 +391,6 @@ class Updates:
         started, threads = time.perf_counter(), torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            self._ready.clear()
             queued = (WorkUnit.objects.filter(status=WorkUnit.Status.QUEUED)
                       .values_list("round__weights_sha256", "round__job__update_encoding").annotate(n=Count("id")))
             for sha, encoding, n in queued:
@@ -410,8 +409,8 @@ class Updates:
 
 
 def _update(state: dict, encoding: str, rng: random.Random) -> tuple[bytes, str, str]:
-    """The global weights nudged a little, encoded as the worker client uploads them: (the upload, its sha256,
-    the commitment to what the site decodes from it, the receipt chain's last)."""
+    """The global weights nudged a little, encoded as the worker client uploads them: (the upload, its sha256, and
+    the commitment to what the site decodes from it, which ends the receipt's chain)."""
     import torch
     from muninn_worker import codec, segments, tensors
 
