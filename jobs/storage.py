@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, default_storage
 from django.utils._os import safe_makedirs
+
 from muninn.lru import SizedLRU
 
 from . import sealing

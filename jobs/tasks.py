@@ -9,6 +9,7 @@ import logging
 from celery import shared_task
 from django.db import DatabaseError
 from django.dispatch import receiver
+
 from muninn.celery import send_after_commit
 
 from . import services, wakeups
