@@ -73,7 +73,10 @@ def stopping() -> bool:
 def stop_waiting_on_sigterm() -> None:
     """Under gunicorn, end held claims when the worker is told to stop (SIGTERM), so a graceful shutdown is not
     held up for the rest of every device's wait. Chains to the handler already installed (gunicorn's own);
-    does nothing where SIGTERM has no Python handler (runserver, a plain process) or off the main thread."""
+    does nothing where SIGTERM has no Python handler (runserver, a plain process) or off the main thread.
+    Under granian (the site's server: scripts/stack.py) there is none yet when the application loads, and granian's
+    own replaces any: a stopping worker's held claims are cut after its `--workers-kill-timeout` instead, and their
+    clients claim again (from another server, behind a load balancer)."""
     previous = signal.getsignal(signal.SIGTERM)
     if not callable(previous) or threading.current_thread() is not threading.main_thread():
         return

@@ -17,7 +17,15 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-WEB_WORKER = "gthread"  # gunicorn's threaded worker, as docs/deploy.md runs the site
+# The site's HTTP server, as docs/deploy.md runs it: granian (its HTTP in Rust, the WSGI application on each
+# worker's threads; started by muninn/serve.py, which makes its port listen at once) cost the web ~10-15 % less CPU
+# per worker-API op than gunicorn's threaded worker under bench/load.py (docs/benchmarks.md, the eighteenth
+# session). gunicorn stays runnable (`server="gunicorn"`), to compare: bench/load.py --server gunicorn.
+WEB_SERVER = "granian"
+WEB_SERVERS = ("granian", "gunicorn")
+WEB_WORKER = "gthread"  # gunicorn's worker class, when gunicorn is the server
+# A stopping worker's held long-poll claims are cut after this long (their clients claim again elsewhere).
+STOP_GRACE_S = 5
 
 
 def free_port() -> int:
@@ -98,11 +106,22 @@ class Stack:
         return out.stdout
 
     def web(self, port: int, name: str = "web", env: dict[str, str] | None = None, *, workers: int = 2,
-            threads: int = 16, host: str = "127.0.0.1", worker_class: str = WEB_WORKER) -> str:
-        # Threads beyond the MUNINN_CLAIM_WAITERS (8) long-poll claims a process may hold, for everything else.
-        self.spawn(name, [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"{host}:{port}",
-                          "--workers", str(workers), "--threads", str(threads), "--timeout", "120",
-                          "--worker-class", worker_class], env)
+            threads: int = 16, host: str = "127.0.0.1", server: str = WEB_SERVER,
+            worker_class: str = WEB_WORKER) -> str:
+        """The site on `host:port`: `workers` processes of `threads` threads each (threads beyond the
+        MUNINN_CLAIM_WAITERS, 8, long-poll claims a process may hold, for everything else)."""
+        if server == "granian":
+            args = [sys.executable, "-m", "muninn.serve", "--interface", "wsgi", "--host", host, "--port", str(port),
+                    "--workers", str(workers), "--blocking-threads", str(threads),
+                    "--workers-kill-timeout", str(STOP_GRACE_S), "--respawn-failed-workers",
+                    "--respawn-interval", "0.5", "muninn.wsgi:application"]
+        elif server == "gunicorn":
+            args = [str(VENV_BIN / "gunicorn"), "muninn.wsgi:application", "--bind", f"{host}:{port}",
+                    "--workers", str(workers), "--threads", str(threads), "--timeout", "120",
+                    "--worker-class", worker_class]
+        else:
+            raise ValueError(f"unknown web server {server!r}: one of {', '.join(WEB_SERVERS)}")
+        self.spawn(name, args, env)
         url = f"http://{host}:{port}"
         wait_http(f"{url}/healthz")
         return url

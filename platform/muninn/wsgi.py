@@ -4,7 +4,7 @@ import torch
 from django.core.wsgi import get_wsgi_application
 
 # The web only evaluates tiny batches (a result's loss check on 64 samples). One torch thread per request
-# thread: gunicorn's threads × torch's own pool would oversubscribe the cores and make every request wait.
+# thread: the server's threads × torch's own pool would oversubscribe the cores and make every request wait.
 torch.set_num_threads(int(os.environ.get("MUNINN_WEB_TORCH_THREADS", "1")))
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "muninn.settings")
@@ -17,7 +17,7 @@ from muninn import celery_app  # noqa: E402
 
 celery_app.finalize(auto=True)
 
-# Held long-poll claims end at once when gunicorn tells this worker to stop (jobs/wakeups.py).
+# Held long-poll claims end at once when gunicorn tells this worker to stop (jobs/wakeups.py says what granian does).
 from jobs import wakeups  # noqa: E402  (after Django is set up)
 
 wakeups.stop_waiting_on_sigterm()
