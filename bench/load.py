@@ -1,7 +1,8 @@
-"""Load: the worker API under gunicorn on PostgreSQL with N simulated devices, and the time to plan a round.
+"""Load: the worker API under granian on PostgreSQL with N simulated devices, and the time to plan a round.
 
 The benchmark brings its own world. It drops and recreates a PostgreSQL database (`muninn_load`), migrates
-it, starts gunicorn on a free port against it (scripts/stack.py, DEBUG off, as in production), creates a
+it, starts the site's web server on a free port against it (scripts/stack.py: granian, as deployed, or gunicorn
+with `--server gunicorn`; DEBUG off, as in production), creates a
 customer with credit and enough running jobs (a small MLP on digits) that every claim finds a queued unit,
 and registers N devices through the real API, each with its own Ed25519 key. Then N asyncio devices loop:
 
@@ -35,7 +36,7 @@ shards in one blob) and the pure `federated.sharding.plan_shards` alone, for 10,
 (bench/load_planning.py runs this part alone).
 
     .venv/bin/python bench/load.py [--devices 200] [--seconds 20] [--rate 500] [--workers 3] [--threads 8]
-        [--worker-class CLASS] [--loop uvloop|asyncio] [--keep-alive 2]
+        [--server granian|gunicorn] [--worker-class CLASS] [--loop uvloop|asyncio] [--keep-alive 2]
 
 Needs PostgreSQL (`--database-url`, default postgres://postgres@127.0.0.1:5432/muninn_load; the database is
 dropped and recreated), aiohttp and uvloop (`make bench-deps`: the world registers its devices with aiohttp; the
@@ -69,7 +70,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 from load_planning import PLAN_SIZES, plan_timings  # noqa: E402  (bench/ is this script's folder)
 from machine import disk_note, settled_disk_ms, wake_us, yardstick_s  # noqa: E402
 from load_world import World, build_world, environment, recreate_database, top_up  # noqa: E402
-from scripts.stack import WEB_WORKER, Stack, base_env, free_port  # noqa: E402
+from scripts.stack import WEB_SERVER, WEB_SERVERS, WEB_WORKER, Stack, base_env, free_port  # noqa: E402
 from muninn_worker import heap  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/muninn_load"
@@ -106,7 +107,7 @@ def main() -> int:
         if options.server_times:
             gunicorn_args += (f" --access-logfile {access_log} "
                               "--access-logformat %(U)s|%(D)s|%({x-bench-id}i)s|%(p)s")
-        url = stack.web(free_port(), workers=options.workers, threads=options.threads,
+        url = stack.web(free_port(), workers=options.workers, threads=options.threads, server=options.server,
                         worker_class=options.worker_class, env={**stack.env, "GUNICORN_CMD_ARGS": gunicorn_args})
         world = build_world(url, options)
         web_pid = next(proc.pid for name, proc in stack.procs if name == "web")
@@ -242,8 +243,8 @@ class Connection:
     """One device's keep-alive HTTP/1.1 connection to the site, written and read by hand. The simulated devices
     share the site's two cores, so what they spend is taken from the site: aiohttp cost ~0.36 ms of CPU more per
     request than this (the devices' share went from 0.77 to 0.41 ms per op). Answers with a Content-Length or
-    chunked (gunicorn streams a file), and a connection idle for `idle_s` (a second at gunicorn's default keep-alive
-    of 2 s) is closed before gunicorn closes it, so no request is sent on a connection the server is closing."""
+    chunked (the server streams a file), and a connection idle for `idle_s` (a second at gunicorn's default keep-alive
+    of 2 s) is closed before the server closes it, so no request is sent on a connection the server is closing."""
 
     def __init__(self, host: str, port: int, token: str, idle_s: float = 1.0) -> None:
         self.host, self.port, self.idle_s = host, port, idle_s
@@ -475,7 +476,7 @@ def _form(weights: bytes, receipt: str, signature: str) -> tuple[bytes, str]:
 # --- CPU used, by whom -----------------------------------------------------------------------------
 
 def _cpu_seconds(web_pid: int, database_url: str) -> dict[tuple[str, int], float]:
-    """CPU seconds so far, by (who, pid): gunicorn's master and workers ("web"), the PostgreSQL backends
+    """CPU seconds so far, by (who, pid): the web server's main process and workers ("web"), the PostgreSQL backends
     serving this database ("database"), and this process, the simulated devices ("devices"). On a shared
     machine wall-clock rates swing with everyone else's load; CPU per op moves much less."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -629,13 +630,19 @@ def _tail(stats: Stats) -> dict:
             "loop_lag_p99_ms": round(_quantile(stats.loop_lag, 0.99) * 1e3, 1)}
 
 
+def _server_note(options) -> str:
+    if options.server == "gunicorn":
+        return f"gunicorn {options.workers} workers x {options.threads} threads ({options.worker_class})"
+    return f"{options.server} {options.workers} workers x {options.threads} threads"
+
+
 def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: dict, web_log: str,
             credit: dict, yardstick: float, disk_ms: float, wakes: dict) -> None:
     load = os.getloadavg()
     print(f"world: {len(world.devices)} devices ({'new' if options.new_devices else 'veteran'}), {world.jobs} jobs, "
           f"{world.units:,} queued units at the start of each phase ({world.topped_up} jobs added before the "
-          f"paced one), set up in {world.setup_s:.1f} s; gunicorn {options.workers} workers x "
-          f"{options.threads} threads ({options.worker_class}); {options.heartbeats} heartbeat(s) per unit; "
+          f"paced one), set up in {world.setup_s:.1f} s; {_server_note(options)}; "
+          f"{options.heartbeats} heartbeat(s) per unit; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs; the machine's yardstick "
           f"{yardstick:.3f} s (bench/machine.py); {disk_note(disk_ms)}; a round trip between two threads costs "
           f"{wakes['busy']:.0f} µs of CPU busy, {wakes['idle']:.0f} µs after 10 ms idle (bench/machine.py)")
@@ -735,7 +742,8 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         **{f"plan_cpu_ms_{size}": round(t["round_open_cpu_ms"], 1) for size, t in plans.items()},
         **{f"plan_shards_ms_{size}": round(t["plan_shards_ms"], 3) for size, t in plans.items()},
         "devices": len(world.devices), "seconds": options.seconds, "rate": options.rate,
-        "workers": options.workers, "threads": options.threads, "worker_class": options.worker_class,
+        "server": options.server, "workers": options.workers, "threads": options.threads,
+        "worker_class": options.worker_class if options.server == "gunicorn" else None,
         "loop": options.loop, "keep_alive": options.keep_alive,
         "load_average": round(load[0], 2),
         "yardstick_s": yardstick, "new_file_ms": disk_ms, "wake_us": wakes,
@@ -750,18 +758,22 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--heartbeats", type=int, default=1, help="heartbeats per unit (default 1)")
     parser.add_argument("--units", type=int, default=0,
                         help="queued units to start with (default 40 per device: enough for both phases)")
-    parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes (default 3)")
-    parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
+    parser.add_argument("--server", choices=WEB_SERVERS, default=WEB_SERVER,
+                        help=f"the site's HTTP server (default {WEB_SERVER}, as the site is deployed)")
+    parser.add_argument("--workers", type=int, default=3, help="the server's worker processes (default 3)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per worker (default 8)")
     parser.add_argument("--worker-class", default=WEB_WORKER,
-                        help=f"gunicorn's worker class (default {WEB_WORKER}, as the site is deployed)")
+                        help=f"with --server gunicorn: its worker class (default {WEB_WORKER})")
     parser.add_argument("--keep-alive", type=float, default=2.0,
-                        help="gunicorn's keep-alive in seconds (default 2, gunicorn's own); the devices close a "
-                             "connection idle for a second less (for half of it, below 2 s)")
+                        help="the devices close a connection idle for a second less than this (for half of it, "
+                             "below 2 s); with --server gunicorn also its keep-alive (default 2, gunicorn's own; "
+                             "granian's idle limit is its 30 s header read timeout)")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="the simulated devices' event loop (default uvloop: it costs the shared cores less)")
     parser.add_argument("--new-devices", action="store_true", help="devices start new (every result re-executed)")
     parser.add_argument("--server-times", action="store_true",
-                        help="also gunicorn's own time per request, from its access log (costs the web a little CPU)")
+                        help="with --server gunicorn: also its own time per request, from its access log (costs the "
+                             "web a little CPU)")
     parser.add_argument("--skip-planning", action="store_true", help="only the load phases")
     parser.add_argument("--plan-repeats", type=int, default=3, help="timed round_open runs per size (default 3)")
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL,
@@ -773,6 +785,8 @@ def _parse_args() -> argparse.Namespace:
     for name in ("devices", "seconds", "rate", "workers", "threads", "plan_repeats"):
         if getattr(options, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if options.server_times and options.server != "gunicorn":
+        parser.error("--server-times reads gunicorn's access log: add --server gunicorn")
     if not options.database_url.startswith(("postgres://", "postgresql://")):
         parser.error("--database-url must be a PostgreSQL URL: the claims need SKIP LOCKED")
     options.units = options.units or 40 * options.devices
