@@ -1,6 +1,6 @@
 """Honest GPUs end to end: does a real CUDA device's work pass the site's verification, on a live stack?
 
-Starts the platform on the embedded defaults (gunicorn, a Celery worker consuming the validation queue, beat;
+Starts the platform on the embedded defaults (the web server, a Celery worker consuming the validation queue, beat;
 SQLite, the filesystem broker, local files) and `muninn-worker run` processes that train on this machine's GPU;
 uploads generated shape images as the customer; runs a resnet18 job (the GPU tier) to the end; downloads the
 model; then reads every receipt, its verification evidence (the site's CPU validator re-training the challenged

@@ -1,6 +1,6 @@
 """Round latency: the platform's own time per round, with real processes, for 1, 3 and 10 devices.
 
-For each fleet size the benchmark starts a fresh stack as `make demo` does (scripts/stack.py: gunicorn, a Celery
+For each fleet size the benchmark starts a fresh stack as `make demo` does (scripts/stack.py: the web server, a Celery
 worker and beat, N `muninn-worker` processes talking HTTP), uploads the digits as the customer and runs an MLP
 job of `--rounds` FedAvg rounds, one epoch per unit. Training takes a known time: every worker client sleeps
 `--train-seconds` after its epoch (the `train.after_epoch` failpoint, MUNINN_WORKER_FAILPOINTS), which stands

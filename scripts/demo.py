@@ -1,6 +1,6 @@
 """`make demo`: the whole life of a job, headless, on the embedded defaults.
 
-Starts the site (gunicorn), a Celery worker and beat, and 3 worker-client processes; uploads scikit-learn's
+Starts the site (its web server), a Celery worker and beat, and 3 worker-client processes; uploads scikit-learn's
 bundled digits as the customer; estimates; runs a 10-round FedAvg MLP job; prints each round's test
 accuracy; downloads the model; stops everything. The last line is one JSON object.
 """

@@ -32,7 +32,7 @@ from muninn.celery import app as celery_app
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):
     """pytest-django's test database, and at the end no session left on it that would stop it being dropped: the
-    real processes of the end-to-end tests keep their connections (gunicorn for CONN_MAX_AGE, Celery between
+    real processes of the end-to-end tests keep their connections (the web server for CONN_MAX_AGE, Celery between
     tasks), and a backend outlives its killed process by a moment."""
     yield
     from django.db import connection

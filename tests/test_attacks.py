@@ -1,6 +1,6 @@
 """The attack suite: real cheating worker clients, one device per class of cheating (threads of one process: one
 adversary's machine), against a live site
-(gunicorn, a Celery worker with the validation queue, beat) beside honest devices with different thread
+(the web server, a Celery worker with the validation queue, beat) beside honest devices with different thread
 counts and arithmetic. Every cheat is refused with its reason and earns nothing; the job still finishes; no
 honest result is ever rejected."""
 from __future__ import annotations

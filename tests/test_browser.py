@@ -1,4 +1,4 @@
-"""The web UI in a real browser (Playwright driving Debian's chromium) against a live site: gunicorn, a Celery
+"""The web UI in a real browser (Playwright driving Debian's chromium) against a live site: the web server, a Celery
 worker on Redis and two `muninn-worker` processes on the test's PostgreSQL database, with Stripe played by the
 local fake (tests/fake_stripe.py) and its hosted pages answered by the browser's request routing.
 

@@ -2,7 +2,7 @@
 browser as a device and trains units of a real job in its Web Worker beside a Python `muninn-worker` process;
 the job finishes, the browser's units are verified by the site's segment checks and credited, and its earnings
 show on the page (screenshot in var/screenshots/). A browser whose JavaScript was altered to scale its updates is
-refused as any cheater is. Live processes (gunicorn, a Celery worker on Redis) on the test's PostgreSQL."""
+refused as any cheater is. Live processes (the web server, a Celery worker on Redis) on the test's PostgreSQL."""
 from __future__ import annotations
 
 import os

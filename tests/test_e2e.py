@@ -1,4 +1,4 @@
-"""End to end with real processes: gunicorn, a Celery worker on Redis, and two `muninn-worker` processes
+"""End to end with real processes: the web server, a Celery worker on Redis, and two `muninn-worker` processes
 talking HTTP, all on the test's PostgreSQL database."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Verification end to end, with real processes on one live stack (gunicorn, a Celery worker consuming the
+"""Verification end to end, with real processes on one live stack (the web server, a Celery worker consuming the
 validation queue, beat, `muninn-worker` processes and a cheating client, all over HTTP):
 
 - a worker whose arithmetic differs from the validator's (float64 rounded to float32 every step, the stand-in

@@ -1,6 +1,6 @@
-"""The fault suite: real processes (gunicorn, a Celery worker and beat on a private Redis, `muninn-worker` clients)
-on the test's PostgreSQL database; each scenario runs a small real job, injects one fault at a chosen moment, and
-checks that the job still succeeds, that every unit is credited at most once and that the books balance.
+"""The fault suite: real processes (the web server, a Celery worker and beat on a private Redis, `muninn-worker`
+clients) on the test's PostgreSQL database; each scenario runs a small real job, injects one fault at a chosen
+moment, and checks that the job still succeeds, that every unit is credited at most once and that the books balance.
 
 Faults land where they are meant to by failpoints (muninn_worker/failpoints.py): a process pauses at a named
 place, prints `failpoint NAME reached`, and the test kills or restarts something then. One set of site processes

@@ -1,6 +1,6 @@
 """A contributor's machine with nothing but Python: a fresh virtualenv in a fresh folder, the contributor page's
 install commands run literally (torch first, then the client's wheel from the site itself), the page's register
-command, and the installed client trains a unit of a real job over HTTP (gunicorn, a Celery worker).
+command, and the installed client trains a unit of a real job over HTTP (the web server, a Celery worker).
 
 Where the machine allows it (root: a network namespace), that machine is a second network host with its own
 address (scripts/stack.py SecondHost): the site listens only on this host's side of the link, so every byte of

@@ -1,4 +1,4 @@
-"""The site as several machines: two gunicorn servers on one database and one broker, two Celery workers (one
+"""The site as several machines: two web servers on one database and one broker, two Celery workers (one
 for the "validation" queue only, as its own machine would be) and beat, each process with its own local folder
 (MUNINN_VAR_DIR) as if on its own host, sharing only what a deployment shares: the database, the broker, the
 blob storage and the secret key. Devices talk to different servers; a job completes with no unit leased to two

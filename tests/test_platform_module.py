@@ -28,7 +28,7 @@ def test_every_celery_process_warms_torch_up_when_it_starts():
 
 
 def test_a_web_process_freezes_its_start_up_heap():
-    """muninn/wsgi.py, what gunicorn loads: start-up's objects (Django, torch) leave the collector's full passes
+    """muninn/wsgi.py, what the web server loads: start-up's objects (Django, torch) leave the collector's full passes
     (muninn_worker.heap). In a subprocess: it freezes the process that imports it."""
     import os
 
@@ -43,7 +43,7 @@ def test_a_web_process_freezes_its_start_up_heap():
 def test_a_web_process_pays_its_first_use_costs_when_it_starts():
     """muninn/wsgi.py makes the Redis wake-up carrier (jobs.wakeups) and counts FLOPs once at start-up, so neither
     the first waiting claim (importing redis) nor a customer's first quote (torch._dynamo, ~1.1 s) pays them under
-    the GIL beside busy threads. In a subprocess, as gunicorn loads it."""
+    the GIL beside busy threads. In a subprocess, as the web server loads it."""
     import os
 
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}:{ROOT}:{ROOT / 'worker_client'}", "DEBUG": "1",

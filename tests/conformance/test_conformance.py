@@ -1,6 +1,6 @@
 """docs/worker-protocol.md stays true: a client written from the document alone (tests/conformance/client.py, which
 refuses to import the reference client or the site) works units of four real `mlp` jobs on a live stack
-(gunicorn and a Celery worker on PostgreSQL and Redis), as a separate process over HTTP: FedAvg in fp32 with
+(the web server and a Celery worker on PostgreSQL and Redis), as a separate process over HTTP: FedAvg in fp32 with
 momentum, FedAvg in int8 without momentum, DiLoCo in fp16, and a regression. Every result is challenged; the client
 answers, and each unit must end accepted after its segment check with its earnings posted."""
 from __future__ import annotations
