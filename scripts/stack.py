@@ -18,7 +18,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 # The site's HTTP server, as docs/deploy.md runs it: granian (its HTTP in Rust, the WSGI application on each
-# worker's threads; started by muninn/serve.py, which makes its port listen at once) cost the web ~10-15 % less CPU
+# worker's threads; started by muninn/serve.py, which makes its port listen at once) cost the web 9.5-18 % less CPU
 # per worker-API op than gunicorn's threaded worker under bench/load.py (docs/benchmarks.md, the eighteenth
 # session). gunicorn stays runnable (`server="gunicorn"`), to compare: bench/load.py --server gunicorn.
 WEB_SERVER = "granian"
