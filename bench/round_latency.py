@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
-from scripts.stack import ENDED, Stack, base_env, free_port, ok  # noqa: E402
+from scripts.stack import ENDED, WEB_SERVER, WEB_SERVERS, Stack, base_env, free_port, ok  # noqa: E402
 
 GOAL_PLATFORM_S = 0.3
 GOAL_OVERHEAD = 1.10
@@ -74,7 +74,8 @@ def main() -> int:
         "platform_s_per_round_median": round(worst_median, 3), "goal_platform_s_per_round": GOAL_PLATFORM_S,
         "overhead_ratio": round(worst_ratio, 3), "goal_overhead_ratio": GOAL_OVERHEAD,
         "train_seconds": options.train_seconds, "rounds": options.rounds, "claim_wait": options.claim_wait,
-        "validators": options.validators, "after_a_job": options.after_a_job, "yardstick_s": yardstick,
+        "validators": options.validators, "after_a_job": options.after_a_job, "server": options.server,
+        "yardstick_s": yardstick,
         "database": "postgresql" if options.database_url else "sqlite", "broker": options.broker,
         "fleets": {str(f["devices"]): {k: v for k, v in f.items() if k not in ("devices", "rounds")}
                    for f in fleets},
@@ -105,7 +106,7 @@ def run_fleet(options: argparse.Namespace, devices: int) -> dict:
         with Stack(env=env, log_dir=tmp / "log") as stack:
             stack.manage("migrate", "--noinput")
             logins = json.loads(stack.manage("seed_demo"))
-            url = stack.web(free_port())
+            url = stack.web(free_port(), server=options.server)
             stack.celery_worker()
             for n in range(1, options.validators):  # more processes on the validation queue (re-executions)
                 stack.celery_worker(f"validator-{n + 1}", queues="validation")
@@ -296,6 +297,8 @@ def _parse_args() -> argparse.Namespace:
                         help="first run a job of this many rounds on the same stack and measure the next one: a "
                              "site past its processes' first use (each web thread's database connection and its "
                              "PostgreSQL backend's caches), as a site is once it has served (default 0: a fresh stack)")
+    parser.add_argument("--server", choices=WEB_SERVERS, default=WEB_SERVER,
+                        help=f"the site's HTTP server (default {WEB_SERVER}, as the site is deployed)")
     parser.add_argument("--keep", action="store_true",
                         help="keep each fleet's folder (logs, blobs) for inspection; the database is kept anyway")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child process running one fleet
