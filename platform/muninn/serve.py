@@ -9,7 +9,8 @@ refused connections for that long, where gunicorn's master listens at once and c
 worker client's retries could run out meanwhile and give up a trained unit's upload (tests/test_faults.py, the
 web server restarted mid-upload). Here the main process binds one socket before it starts a worker, and every
 worker accepts from it: the path granian itself takes on systems without SO_REUSEPORT. Pinned to the granian
-version in pyproject.toml (this reaches into its server class); tests/test_faults.py would notice a change.
+version in pyproject.toml (this reaches into its server class); tests/test_serve.py and tests/test_faults.py would
+notice a change.
 """
 from __future__ import annotations
 
