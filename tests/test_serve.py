@@ -6,11 +6,10 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts.stack import ROOT, free_port
 
 # An application that takes as long to load as the site does on a slow machine (Django, torch: 4-8 s here).
 SLOW_APP = '''
@@ -24,15 +23,9 @@ def application(environ, start_response):
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_port_listens_before_the_workers_have_loaded_the_application(tmp_path):
     (tmp_path / "slow_app.py").write_text(SLOW_APP)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT / 'platform'}", "LOAD_SECONDS": "4"}
     server = subprocess.Popen(
         [sys.executable, "-m", "muninn.serve", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
