@@ -70,19 +70,31 @@ def stopping() -> bool:
     return _stopping.is_set()
 
 
+def stop() -> None:
+    """The process is stopping: every held claim returns now (its device gets a 204 and claims again, from another
+    process or once the site is back), and none waits from here on. Safe in a signal handler: the waiters are
+    woken from a thread of its own, which takes the carriers' locks (the interrupted thread may hold one)."""
+    _stopping.set()
+    threading.Thread(target=_wake_all, name="muninn-wakeups-stop", daemon=True).start()
+
+
+def _wake_all() -> None:
+    for carrier in list(_carriers.values()):
+        carrier.wake_all()
+
+
 def stop_waiting_on_sigterm() -> None:
-    """Under gunicorn, end held claims when the worker is told to stop (SIGTERM), so a graceful shutdown is not
-    held up for the rest of every device's wait. Chains to the handler already installed (gunicorn's own);
-    does nothing where SIGTERM has no Python handler (runserver, a plain process) or off the main thread.
-    Under granian (the site's server: scripts/stack.py) there is none yet when the application loads, and granian's
-    own replaces any: a stopping worker's held claims are cut after its `--workers-kill-timeout` instead, and their
-    clients claim again (from another server, behind a load balancer)."""
+    """End held claims when the web server tells this worker process to stop (SIGTERM), so a graceful shutdown is
+    not held up for the rest of every device's wait. Chains to the handler installed already (gunicorn's own);
+    does nothing where SIGTERM has no Python handler (runserver, a plain process) or off the main thread. granian
+    installs its own after the application has loaded, replacing this one: muninn/serve.py (how the site runs
+    granian) chains this one back in."""
     previous = signal.getsignal(signal.SIGTERM)
     if not callable(previous) or threading.current_thread() is not threading.main_thread():
         return
 
     def handler(signum, frame):
-        _stopping.set()
+        stop()
         previous(signum, frame)
 
     signal.signal(signal.SIGTERM, handler)
@@ -119,6 +131,9 @@ class _Stamp:
             if left <= 0:
                 return now
             time.sleep(min(STAMP_POLL_S, left))
+
+    def wake_all(self) -> None:
+        pass  # a waiter looks at _stopping every STAMP_POLL_S
 
 
 class _Redis:
@@ -173,6 +188,10 @@ class _Redis:
             except Exception:  # noqa: BLE001 - reconnect; waiters meanwhile fall back to their re-check
                 log.warning("the wake-up subscriber lost Redis; reconnecting", exc_info=True)
                 time.sleep(1.0)
+
+    def wake_all(self) -> None:
+        with self._changed:  # each waiter re-checks its predicate, which sees _stopping
+            self._changed.notify_all()
 
     def _bump(self) -> None:
         with self._changed:

@@ -24,7 +24,8 @@ VENV_BIN = Path(sys.executable).parent
 WEB_SERVER = "granian"
 WEB_SERVERS = ("granian", "gunicorn")
 WEB_WORKER = "gthread"  # gunicorn's worker class, when gunicorn is the server
-# A stopping worker's held long-poll claims are cut after this long (their clients claim again elsewhere).
+# A stopping worker answers its held long-poll claims at once (muninn/serve.py, jobs/wakeups.py); whatever it still
+# serves after this long is cut (its clients send it again).
 STOP_GRACE_S = 5
 
 

@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from contributors import push
-from jobs import tasks
+from jobs import tasks, wakeups
 from jobs.models import WorkUnit
 
 from .test_spine import create_job
@@ -87,6 +87,25 @@ def test_a_held_claim_gets_a_unit_whose_lease_expired(customer_api, digits_datas
     assert not thread.is_alive(), "the held claim was not woken by the re-queued unit"
     assert answer["response"].status_code == 200, answer["response"].content
     assert answer["response"].json()["unit"]["id"] == units[0]["id"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_held_claim_is_answered_204_at_once_when_the_process_stops(make_device, wakeups_by, monkeypatch):
+    """What the web server's SIGTERM does (wakeups.stop_waiting_on_sigterm): a stopping process answers the claims
+    it holds, so that it can exit, and their devices claim again elsewhere."""
+    monkeypatch.setattr(wakeups, "_stopping", threading.Event())  # this test's process stops; the next tests' not
+    device = make_device()
+    thread, answer = _claim_in_thread(device)
+    time.sleep(0.5)  # past the wake-up a new Redis subscriber gives its waiters (they then wait again)
+
+    stopped = time.monotonic()
+    wakeups.stop()
+    thread.join(timeout=WAIT / 2)
+
+    assert not thread.is_alive(), "the held claim was not answered when the process stopped"
+    assert answer["response"].status_code == 204 and "Retry-After" not in answer["response"].headers
+    assert time.monotonic() - stopped < WAIT / 4
+    assert device.client.post("/api/worker/claim", {"wait": WAIT}, format="json").status_code == 204  # not held
 
 
 def test_a_held_claim_is_answered_204_when_its_wait_is_over(make_device):

@@ -46,7 +46,7 @@ from billing.models import Transaction
 from contributors import services as contributors
 from contributors.models import Device, Lease, Receipt
 from jobs.models import Job, Round, WorkUnit
-from scripts.stack import Stack, base_env, free_port, wait_http
+from scripts.stack import STOP_GRACE_S, Stack, base_env, free_port, wait_http
 
 from . import invariants
 from .conftest import CAPABILITIES, digits_npz
@@ -533,6 +533,36 @@ def test_web_server_killed_mid_claim_the_unit_is_leased_again(site):
         assert unit.status == WorkUnit.Status.ACCEPTED  # leased again once its lease ran out, and trained
         assert not Lease.objects.filter(unit=unit, token=token).exists()
         assert Receipt.objects.filter(unit=unit, status=Receipt.Status.ACCEPTED).count() == 1
+
+
+def test_web_server_stopped_answers_its_held_claims_and_exits_at_once(site):
+    """SIGTERM (a deploy, a service manager's restart): the server answers the long-poll claims it holds, 204, and
+    exits; it does not hold them until its kill timeout cuts them (STOP_GRACE_S), their devices seeing a broken
+    connection. (The wake-up comes through the site's Redis here, as in production.)"""
+    n = next(_names)
+    contributor = accounts.user_create(username=f"erin{n}", password="erin-pass-123", role=User.Role.CONTRIBUTOR)
+    config = json.loads(Scenario(site, contributor, contributor).register(f"waiter-{n}").read_text())
+    client = ApiClient(site.url, device_token=config["device_token"], signing_key=config["signing_key"])
+    assert client.claim() is None  # nothing queued for anyone: a claim with a wait is held
+    answer: dict = {}
+
+    def hold() -> None:
+        try:
+            answer["unit"] = client.claim(wait=25)
+        except Exception as e:  # kept: the assertion says what the device saw
+            answer["error"] = repr(e)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    time.sleep(2)  # the claim reaches the server and is held
+    stopping = time.monotonic()
+    site.stack.stop(site.web_name, signal.SIGTERM)
+    took = time.monotonic() - stopping
+    thread.join(timeout=10)
+    site.restart_web()  # back on its port for the next tests
+
+    assert not thread.is_alive() and answer == {"unit": None}, (answer, site.logs(site.web_name))
+    assert took < STOP_GRACE_S, f"the server took {took:.1f} s to stop: its held claims were cut, not answered"
 
 
 def test_devices_whose_clocks_are_an_hour_off_get_honest_work_accepted(site):
