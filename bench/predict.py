@@ -1,7 +1,7 @@
 """Predictions: rows per second for the digits MLP on the site's endpoint and in the downloaded package's loader,
 and the latency of a single-row request.
 
-The benchmark starts the embedded stack as `make run` does (scripts/stack.py: gunicorn with `--web-workers`
+The benchmark starts the embedded stack as `make run` does (scripts/stack.py: the web server with `--web-workers`
 processes, a Celery worker, one `muninn-worker` process), trains a one-round digits MLP through it, downloads the
 model, then measures:
 
@@ -32,7 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "platform"), str(ROOT / "worker_client")]
 
-from round_latency import _ok, _run_job  # noqa: E402  (bench/ is this script's folder; the job and answers as there)
+from round_latency import _run_job  # noqa: E402  (bench/ is this script's folder; the job as there)
+from scripts.stack import ok as _ok  # noqa: E402  (a 2xx answer's JSON, or the script ends saying what came back)
 
 
 def main() -> int:
@@ -146,7 +147,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=40, help="batch requests")
     parser.add_argument("--clients", type=int, default=2, help="threads sending batch requests")
     parser.add_argument("--single", type=int, default=300, help="one-row requests for the latency")
-    parser.add_argument("--web-workers", type=int, default=2, help="gunicorn processes")
+    parser.add_argument("--web-workers", type=int, default=2, help="the web server's processes")
     return parser.parse_args()
 
 
