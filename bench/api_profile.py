@@ -58,10 +58,7 @@ PARTS = [
     ("contributors.results", "_shard_losses", "    loss on 64 samples of the shard"),
     ("jobs.storage", "blob_put", "  storing the upload and its state"),
     ("contributors.results", "_accept", "  acceptance (one transaction)"),
-    ("jobs.services", "unit_accept", "    the unit and its round"),
     ("jobs.services", "unit_accept_with", "    the unit, its round and the receipt, sent together"),
-    ("jobs.services", "_round_reschedule", "      the round's deadlines"),
-    ("contributors.results", "credit", "    the ledger posting (in the request)"),
     ("contributors.api", "credited_payload", "the answer's money fields"),
 ]
 
