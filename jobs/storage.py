@@ -6,6 +6,7 @@ task that runs twice writes the same file.
 import hashlib
 import io
 import os
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +14,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, default_storage
 from django.utils._os import safe_makedirs
 
+from muninn.failpoints import failpoint
 from muninn.lru import SizedLRU
 
 from . import sealing
@@ -63,8 +65,9 @@ def _files_put_many(files: dict[str, bytes], *, threads: int) -> None:
 
 def _files_put(store: FileSystemStorage, blobs: dict[str, bytes], *, threads: int) -> None:
     """What FileSystemStorage.save does for a new content-addressed file (its folders, modes and group, a
-    file created exclusively, so a blob already there is left as it is), without its per-file overhead. Each
-    thread writes a contiguous share of the blobs ({path under the root: bytes}); the os calls release the GIL."""
+    file created exclusively, so a blob already there is left as it is, unless it is short: _rewrite), without its
+    per-file overhead. Each thread writes a contiguous share of the blobs ({path under the root: bytes}); the os
+    calls release the GIL."""
     root = store.location
     for parent in {os.path.dirname(path) for path in blobs}:
         folder = os.path.join(root, parent)
@@ -76,25 +79,32 @@ def _files_put(store: FileSystemStorage, blobs: dict[str, bytes], *, threads: in
     mode = store.file_permissions_mode
     group = os.stat(root).st_gid if os.name == "posix" else None
 
+    def fill(fd: int, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if mode is not None:
+                os.fchmod(fd, mode)
+            if group is not None and os.fstat(fd).st_gid != group:
+                try:
+                    os.fchown(fd, -1, group)
+                except PermissionError:
+                    pass
+        finally:
+            os.close(fd)
+
     def write(items: list[tuple[str, bytes]]) -> None:
         for path, data in items:
+            full = os.path.join(root, path)
             try:
-                fd = os.open(os.path.join(root, path), flags, 0o666)
+                fd = os.open(full, flags, 0o666)
             except FileExistsError:
+                if os.stat(full).st_size != len(data):
+                    _rewrite(full, data, fill)
                 continue
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                if mode is not None:
-                    os.fchmod(fd, mode)
-                if group is not None and os.fstat(fd).st_gid != group:
-                    try:
-                        os.fchown(fd, -1, group)
-                    except PermissionError:
-                        pass
-            finally:
-                os.close(fd)
+            failpoint("blob.created")
+            fill(fd, data)
 
     items = list(blobs.items())
     if len(items) < 64 or threads <= 1:
@@ -103,6 +113,21 @@ def _files_put(store: FileSystemStorage, blobs: dict[str, bytes], *, threads: in
     share = -(-len(items) // threads)
     with ThreadPoolExecutor(max_workers=threads) as pool:
         list(pool.map(write, [items[i:i + share] for i in range(0, len(items), share)]))
+
+
+def _rewrite(path: str, data: bytes, fill) -> None:
+    """A blob's file found shorter than its bytes: what a writer killed between creating it and writing it whole
+    leaves (the commit that would have named it never came, so nothing refers to it yet). Written again whole
+    beside it, then put in its place in one rename: a reader sees the short file or the whole one, never a
+    third. Before this, the next upload of the same bytes (the device sending its result again) found the file
+    there and kept it, and its receipt then named a blob that was not its bytes."""
+    temporary = f"{path}.{uuid.uuid4().hex}.partial"
+    fill(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), data)
+    try:
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
 
 
 def blob_get(sha256: str) -> bytes:

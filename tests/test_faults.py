@@ -45,6 +45,7 @@ from billing import services as billing
 from billing.models import Transaction
 from contributors import services as contributors
 from contributors.models import Device, Lease, Receipt
+from jobs import storage
 from jobs.models import Job, Round, WorkUnit
 from scripts.stack import STOP_GRACE_S, Stack, base_env, free_port, wait_http
 
@@ -509,6 +510,35 @@ def test_web_server_restarted_mid_upload_the_client_sends_it_again(site):
     assert "request failed" in log, log  # the first send was cut
     accepted = Receipt.objects.get(unit=unit, status=Receipt.Status.ACCEPTED)
     assert accepted.device.name == s.names["device-1"]
+
+
+def test_web_server_killed_mid_blob_write_the_resent_result_is_stored_whole(site):
+    """Killed after creating a result's file and before writing its bytes (jobs.storage: a blob's file is named by
+    its bytes' hash, and created exclusively): the file is left empty. The client sends the result again to the new
+    server, whose put of the same bytes finds that file; every blob a receipt names must be its bytes all the same
+    (before jobs.storage._rewrite, the empty file was kept and the accepted receipt named it)."""
+    torn: dict = {}
+
+    def kill_web_mid_blob_write(s: Scenario) -> None:
+        # (after the job's dataset went in through the web: the first blob the new server writes is a result's)
+        site.restart_web(MUNINN_FAILPOINTS="blob.created=1*sleep:300")
+        s.stack.wait_for_log(site.web_name, "failpoint blob.created reached", timeout=120)
+        media = Path(site.stack.env["MEDIA_ROOT"]) / "blobs"
+        torn["files"] = [p for p in media.rglob("*") if p.is_file() and p.stat().st_size == 0]
+        # The resend, not a lapsed lease, is what is tested (as in the mid-upload restart above).
+        WorkUnit.objects.filter(round__job_id=s.job_id, status=WorkUnit.Status.LEASED).update(
+            lease_expires_at=timezone.now() + timezone.timedelta(minutes=2))
+        site.restart_web()
+
+    s = run_scenario(site, kill_web_mid_blob_write, rounds=1)
+
+    assert torn["files"], "the web server was not stopped with a blob's file created and empty"
+    named = set()
+    for receipt in Receipt.objects.filter(unit__round__job_id=s.job_id).exclude(status=Receipt.Status.REJECTED):
+        named |= {receipt.output_sha256, receipt.unit.result_sha256, *receipt.checkpoint_blobs.values()}
+    assert {p.name for p in torn["files"]} <= named  # the torn file was a result's, sent again
+    for sha in named - {""}:
+        assert storage.sha256_hex(storage.blob_get(sha)) == sha
 
 
 def test_web_server_killed_mid_claim_the_unit_is_leased_again(site):

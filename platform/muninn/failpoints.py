@@ -8,6 +8,7 @@ or restart something; unset (always, outside that suite) each call is one dictio
     result.before_commit      contributors.results: a device's result checked, its acceptance not yet sent
     credit.before_commit      contributors.credit: a batch of accepted units charged, not yet committed
     claim.before_lease_row    contributors.services.unit_claim: a unit leased, its Lease row not yet written
+    blob.created              jobs.storage: a blob's file created (exclusively), its bytes not yet written
 """
 from muninn_worker.failpoints import Failpoints
 
