@@ -158,6 +158,9 @@ class Stats:
     # (device's time, gunicorn's own, gunicorn's worker process) per request
     matched: list[tuple[float, float, str]] = field(default_factory=list)
     loop_lag: list[float] = field(default_factory=list)  # how late the devices' event loop woke, every 5 ms
+    lag_at: list[float] = field(default_factory=list)  # when each loop_lag was measured (time.monotonic())
+    # (time.monotonic(), the machine's CPU time stolen by the hypervisor so far, in ticks), every 100 ms
+    steal: list[tuple[float, int]] = field(default_factory=list)
     # (when it was sent, op, its time as the device saw it, its X-Bench-Id or 0) of every op that ended in the window
     sent: list[tuple[float, str, float, int]] = field(default_factory=list)
     updates: dict = field(default_factory=dict)  # the devices' updates: made before the phase, made during it
@@ -215,8 +218,9 @@ async def _drive(url: str, world: World, options: argparse.Namespace, updates: U
     idle_s = max(options.keep_alive - 1.0, options.keep_alive / 2)  # closed by the device before the server would
     connections = [Connection(address.hostname, address.port, device["token"], idle_s) for device in world.devices]
     lag = asyncio.ensure_future(_loop_lag(stats, stop_at))
+    stolen = asyncio.ensure_future(_steal_samples(stats, stop_at))
     try:
-        await asyncio.gather(lag, *(
+        await asyncio.gather(lag, stolen, *(
             _device(connection, device, stats, cache, updates, options, start=start, stop_at=stop_at,
                     interval=interval, rng=random.Random(i))
             for i, (connection, device) in enumerate(zip(connections, world.devices))))
@@ -234,6 +238,28 @@ async def _loop_lag(stats: Stats, stop_at: float, every: float = 0.005) -> None:
         due = time.monotonic() + every
         await asyncio.sleep(every)
         stats.loop_lag.append(max(0.0, time.monotonic() - due))
+        stats.lag_at.append(due)
+
+
+async def _steal_samples(stats: Stats, stop_at: float, every: float = 0.1) -> None:
+    """The machine's stolen CPU time (/proc/stat: time its virtual CPUs were ready but the hypervisor ran something
+    else) every `every` s: a second in which the VM was not run stalls the site and the devices alike, and is no
+    fault of either. Nothing where /proc/stat has no steal column."""
+    while time.monotonic() < stop_at + every:
+        ticks = _steal_ticks()
+        if ticks is None:
+            return
+        stats.steal.append((time.monotonic(), ticks))
+        await asyncio.sleep(every)
+
+
+def _steal_ticks() -> int | None:
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    return int(fields[8]) if len(fields) > 8 and fields[0] == "cpu" else None
 
 
 _IDS = itertools.count(1)  # --server-times: each request's id, sent as X-Bench-Id and logged by gunicorn
@@ -606,9 +632,28 @@ def _tail_in_time(stats: Stats, window: float = 1.0) -> dict:
     slowest = {k: sum(took >= cut for _, took in v) for k, v in ops.items()}
     worst = max(slowest, key=slowest.get)
     p99s = [_quantile([took for _, took in ops[k]], 0.99) for k in full]
+    begin = min(t for t, *_ in stats.sent) + worst * window
+    lags = [lag for lag, at in zip(stats.loop_lag, stats.lag_at) if begin <= at < begin + window]
     return {"worst_share": round(slowest[worst] / max(1, sum(slowest.values())), 2),
             "worst_at_s": round(worst * window, 1),
-            "p99_ms_per_window_median": round(_quantile(p99s, 0.5) * 1e3, 1) if p99s else None}
+            "p99_ms_per_window_median": round(_quantile(p99s, 0.5) * 1e3, 1) if p99s else None,
+            # what the worst window says of the machine: CPU time the hypervisor took from it (ms, all cores; the
+            # phase's own in `steal_ms`), and how late the devices' own event loop ran then, at worst
+            "worst_steal_ms": _stolen_ms(stats, begin, begin + window),
+            "worst_loop_lag_ms": round(max(lags) * 1e3, 1) if lags else None,
+            "steal_ms": _stolen_ms(stats, float("-inf"), float("inf"))}
+
+
+def _stolen_ms(stats: Stats, begin: float, end: float) -> float | None:
+    """The machine's stolen CPU time between two of the phase's samples nearest `begin` and `end`, in ms."""
+    inside = [ticks for at, ticks in stats.steal if begin - 0.05 <= at <= end + 0.05]
+    if len(inside) < 2:
+        return None
+    return round((inside[-1] - inside[0]) * 1e3 / os.sysconf("SC_CLK_TCK"), 1)
+
+
+def _ms(value: float | None) -> str:
+    return "(not measured)" if value is None else f"{value:.0f} ms"
 
 
 def _tail(stats: Stats) -> dict:
@@ -683,7 +728,9 @@ def _report(options, world: World, phases: dict[str, Stats], db: dict, plans: di
         if when:
             print(f"the slowest 1 % in time: {when['worst_share']:.0%} of them sent in the worst second (from "
                   f"{when['worst_at_s']:.0f} s); each second's own p99, median over the phase: "
-                  f"{when['p99_ms_per_window_median']:.1f} ms")
+                  f"{when['p99_ms_per_window_median']:.1f} ms; in that second the hypervisor took "
+                  f"{_ms(when['worst_steal_ms'])} of the machine's CPU ({_ms(when['steal_ms'])} in the phase) and "
+                  f"the devices' event loop ran up to {_ms(when['worst_loop_lag_ms'])} late")
         again, doubles = _client_double_leases(stats)
         print(f"empty claims (204) {stats.empty_claims}; units leased again {again}, overlapping (client) {doubles}")
         print(f"the devices' updates: {stats.updates['made_before']:,} made before the phase (in "
