@@ -3,6 +3,7 @@
 The path is the sha256 of the bytes, so a blob is written once, can be cached anywhere by its hash, and a
 task that runs twice writes the same file.
 """
+import contextlib
 import hashlib
 import io
 import os
@@ -122,11 +123,13 @@ def _rewrite(path: str, data: bytes, fill) -> None:
     third. Before this, the next upload of the same bytes (the device sending its result again) found the file
     there and kept it, and its receipt then named a blob that was not its bytes."""
     temporary = f"{path}.{uuid.uuid4().hex}.partial"
-    fill(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), data)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
+        fill(fd, data)  # (closes it)
         os.replace(temporary, path)
     except BaseException:
-        os.unlink(temporary)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
         raise
 
 
