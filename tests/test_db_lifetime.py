@@ -106,11 +106,12 @@ def test_granians_idle_request_threads_leave_no_database_connection_behind(tmp_p
     port = free_port()
     env = base_env(DATABASE_URL=url, DEBUG="0", SECRET_KEY="x" * 50, ALLOWED_HOSTS="127.0.0.1", MUNINN_TLS="false",
                    MEDIA_ROOT=str(tmp_path / "media"), MUNINN_VAR_DIR=str(tmp_path / "var"), CONN_MAX_AGE="600")
+    log = tmp_path / "web.log"  # (a pipe nobody reads fills with the request log, and the server stops on it)
     server = subprocess.Popen(
         [sys.executable, "-m", "muninn.serve", "--interface", "wsgi", "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1", "--blocking-threads", "8", "--blocking-threads-idle-timeout", "5",
-         "muninn.wsgi:application"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+         "--workers-kill-timeout", "5", "muninn.wsgi:application"],
+        cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def backends() -> int:
         with psycopg.connect(url) as admin:  # (its own backend is not counted: the query's is excluded)
@@ -130,11 +131,15 @@ def test_granians_idle_request_threads_leave_no_database_connection_behind(tmp_p
                 assert set(pool.map(claim, range(160))) == {401}
             after_bursts.append(backends() - before)
             time.sleep(7)  # longer than the idle timeout: the burst's threads end
-        assert max(after_bursts) <= 8, after_bursts  # never more than the worker's threads
+        assert max(after_bursts) <= 8, (after_bursts, log.read_text()[-2000:])  # never more than its threads
         deadline = time.monotonic() + 10
         while backends() - before > 1 and time.monotonic() < deadline:  # (the one thread granian keeps)
             time.sleep(0.2)
-        assert backends() - before <= 1, after_bursts
+        assert backends() - before <= 1, (after_bursts, log.read_text()[-2000:])
     finally:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            pytest.fail(f"the server did not stop within 30 s of SIGTERM; its log:\n{log.read_text()[-3000:]}")
