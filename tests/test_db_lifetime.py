@@ -18,6 +18,8 @@ from scripts.stack import ROOT, base_env, free_port, wait_http
 
 from muninn import db_lifetime
 
+from .test_e2e import database_url
+
 
 def _lifetimes(max_age, count: int = 20) -> list[float | None]:
     """Open `count` connections one after another, as a web process's threads do as it starts serving, with this
@@ -99,10 +101,7 @@ def test_granians_idle_request_threads_leave_no_database_connection_behind(tmp_p
     close, or PostgreSQL's backends grow by a burst's threads every time (7 a burst, for good, before the fix)."""
     if connection.vendor != "postgresql":
         pytest.fail("this test needs PostgreSQL: run it through `make test` (DATABASE_URL=postgres://...)")
-    db = connection.settings_dict
-    name, login = db["NAME"], db["USER"] or "postgres"
-    login += f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    url = f"postgres://{login}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
+    name, url = connection.settings_dict["NAME"], database_url()
     port = free_port()
     env = base_env(DATABASE_URL=url, DEBUG="0", SECRET_KEY="x" * 50, ALLOWED_HOSTS="127.0.0.1", MUNINN_TLS="false",
                    MEDIA_ROOT=str(tmp_path / "media"), MUNINN_VAR_DIR=str(tmp_path / "var"), CONN_MAX_AGE="600")
